@@ -1,0 +1,67 @@
+"""The one exception hierarchy of fastload.
+
+Every error fastload raises on purpose derives from :class:`FastloadError`, so
+``except fastload.FastloadError`` catches them all::
+
+    FastloadError
+    ├── ConfigError (ValueError)        a bad argument or option; names it and the value
+    ├── DependencyError (ImportError)   an optional dependency is missing; says what to install
+    ├── FormatError                     a packed dataset is missing, foreign, too new or malformed
+    │   └── CorruptDataError            bytes on disk do not match what the manifest or record says
+    ├── PackError                       ``pack`` could not finish (source problem, disk full, ...)
+    │   └── BadImageError               one source image was refused (``--on-error fail``)
+    └── LoaderError                     a background batch could not be produced
+
+Errors carry their context (file, sample index, argument) in the message so a
+single line on stderr is enough to act on.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FastloadError",
+    "ConfigError",
+    "DependencyError",
+    "FormatError",
+    "CorruptDataError",
+    "PackError",
+    "BadImageError",
+    "LoaderError",
+]
+
+
+class FastloadError(Exception):
+    """Base class of every error fastload raises on purpose."""
+
+
+class ConfigError(FastloadError, ValueError):
+    """An argument or option has a value fastload cannot use."""
+
+
+class DependencyError(FastloadError, ImportError):
+    """An optional dependency (DALI, torchvision, ...) is not importable."""
+
+
+class FormatError(FastloadError):
+    """A packed dataset is missing, of a foreign format, too new, or malformed."""
+
+
+class CorruptDataError(FormatError):
+    """Stored bytes disagree with the manifest or the record header (hash, size, CRC)."""
+
+
+class PackError(FastloadError):
+    """Packing could not complete."""
+
+
+class BadImageError(PackError):
+    """A source image was refused; ``path`` and ``reason`` say which and why."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class LoaderError(FastloadError):
+    """A batch could not be produced by the loader's background pipeline."""

@@ -1,0 +1,216 @@
+"""Read-only random access to a packed dataset. Knows nothing of DALI or torch."""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import os
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .errors import CorruptDataError, DependencyError, FormatError
+from .format import (
+    HEADER_SIZE,
+    LABELS_NAME,
+    MANIFEST_NAME,
+    Manifest,
+    RecordHeader,
+    ShardInfo,
+    decode_header,
+    key,
+    record_path,
+    record_payload,
+)
+
+try:  # lmdb is a hard dependency; keep the hint readable anyway
+    import lmdb
+except ImportError as e:  # pragma: no cover - exercised only without lmdb
+    lmdb = None
+    _lmdb_error = e
+
+# py-lmdb refuses to open one environment twice in a process: share one handle per
+# shard file per process (the pid guards against handles inherited through fork).
+_ENVS: dict[tuple[int, str], "lmdb.Environment"] = {}
+_ENVS_LOCK = threading.Lock()
+
+
+def _open_env(path: str) -> "lmdb.Environment":
+    k = (os.getpid(), path)
+    env = _ENVS.get(k)
+    if env is None:
+        with _ENVS_LOCK:
+            env = _ENVS.get(k)
+            if env is None:
+                env = lmdb.open(
+                    path, subdir=False, readonly=True, lock=False, readahead=False, meminit=False, max_readers=1024
+                )
+                _ENVS[k] = env
+    return env
+
+
+def read_manifest(path: str | os.PathLike) -> Manifest:
+    """Read and validate ``manifest.json`` of the dataset directory ``path``."""
+    root = Path(path)
+    if not root.exists():
+        raise FormatError(f"{root}: no such dataset directory; create one with `fastload pack SRC {root}`")
+    if not root.is_dir():
+        raise FormatError(f"{root}: not a directory; a packed dataset is a directory made by `fastload pack`")
+    mpath = root / MANIFEST_NAME
+    if not mpath.is_file():
+        hint = " (an unfinished pack: continue it with `fastload pack --resume`)" if any(root.glob("*.tmp")) else ""
+        raise FormatError(f"{mpath}: missing manifest; {root} is not a complete fastload dataset{hint}")
+    try:
+        text = mpath.read_bytes()
+    except OSError as e:
+        raise FormatError(f"{mpath}: cannot read manifest: {e.strerror}") from None
+    return Manifest.loads(text, where=str(mpath))
+
+
+class Dataset:
+    """A packed dataset: ``len(ds)``, ``ds[i] -> (encoded bytes, label)``.
+
+    Opening reads only the manifest and the labels; shards are opened lazily, one
+    shared read-only handle per shard per process, so a ``Dataset`` may be used
+    from many threads and processes (including forked DataLoader workers) at once.
+
+    Args:
+        path: directory written by :func:`fastload.pack`.
+        check: verify each payload's CRC-32 on read (about 1 ms per MB; off by default
+            for raw reads, on in :class:`fastload.FastLoader`).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, check: bool = False) -> None:
+        if lmdb is None:  # pragma: no cover
+            raise DependencyError(f"lmdb is not importable ({_lmdb_error}); pip install lmdb")
+        self.path = Path(path)
+        self.check = bool(check)
+        self.manifest = read_manifest(self.path)
+        self._firsts = [s.first for s in self.manifest.shards]
+        self._labels = self._read_labels()
+        self._checked_sizes: set[str] = set()
+
+    # -- metadata ---------------------------------------------------------------------------
+    def _read_labels(self) -> np.ndarray:
+        p = self.path / LABELS_NAME
+        n = self.manifest.num_samples
+        try:
+            raw = p.read_bytes()
+        except OSError as e:
+            raise FormatError(f"{p}: cannot read labels: {e.strerror}") from None
+        if len(raw) != 4 * n:
+            raise CorruptDataError(f"{p}: {len(raw)} bytes, expected {4 * n} for {n} samples; pack the dataset again")
+        if hashlib.sha256(raw).hexdigest() != self.manifest.labels_sha256:
+            raise CorruptDataError(f"{p}: SHA-256 differs from the manifest; the labels were altered")
+        labels = np.frombuffer(raw, dtype="<i4").astype(np.int64)
+        if n and (labels.min() < 0 or labels.max() >= len(self.manifest.classes)):
+            raise CorruptDataError(f"{p}: labels outside 0..{len(self.manifest.classes) - 1}")
+        labels.setflags(write=False)
+        return labels
+
+    @property
+    def classes(self) -> list[str]:
+        """Class names in label order."""
+        return list(self.manifest.classes)
+
+    @property
+    def labels(self) -> np.ndarray:
+        """All labels (int64, read-only), without touching the shards."""
+        return self._labels
+
+    @property
+    def shards(self) -> list[ShardInfo]:
+        return list(self.manifest.shards)
+
+    def __len__(self) -> int:
+        return self.manifest.num_samples
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        return f"Dataset({str(self.path)!r}, samples={m.num_samples}, classes={len(m.classes)}, shards={len(m.shards)})"
+
+    # -- records ----------------------------------------------------------------------------
+    def _shard_of(self, index: int) -> ShardInfo:
+        return self.manifest.shards[bisect.bisect_right(self._firsts, index) - 1]
+
+    def _env(self, shard: ShardInfo) -> "lmdb.Environment":
+        fpath = str(self.path / shard.file)
+        if shard.file not in self._checked_sizes:
+            # A truncated file read through mmap kills the process with SIGBUS: check first.
+            try:
+                size = os.path.getsize(fpath)
+            except OSError:
+                raise FormatError(f"{fpath}: shard file is missing; the dataset is incomplete") from None
+            if size != shard.bytes:
+                raise CorruptDataError(
+                    f"{fpath}: shard is {size} bytes, the manifest says {shard.bytes}; "
+                    "it was truncated or replaced (run `fastload verify`)"
+                )
+            self._checked_sizes.add(shard.file)
+        try:
+            return _open_env(fpath)
+        except lmdb.Error as e:
+            raise CorruptDataError(f"{fpath}: cannot open shard: {e}") from None
+
+    def _index(self, index: int) -> int:
+        n = self.manifest.num_samples
+        try:
+            i = int(index)
+        except (TypeError, ValueError):
+            raise TypeError(f"dataset index must be an integer, got {type(index).__name__}") from None
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample index {index} out of range for a dataset of {n} samples")
+        return i
+
+    def raw(self, index: int) -> tuple[RecordHeader, bytes, str]:
+        """``(header, stored value, shard path)`` of one sample, validated against its header."""
+        i = self._index(index)
+        shard = self._shard_of(i)
+        env = self._env(shard)
+        where = f"{self.path / shard.file} sample {i}"
+        try:
+            with env.begin(buffers=False) as txn:
+                value = txn.get(key(i))
+        except lmdb.Error as e:
+            raise CorruptDataError(f"{where}: LMDB error: {e}") from None
+        if value is None:
+            raise CorruptDataError(f"{where}: record missing from its shard")
+        header = decode_header(value, where=where)
+        if int(self._labels[i]) != header.label:
+            raise CorruptDataError(f"{where}: label {header.label} differs from labels.bin ({int(self._labels[i])})")
+        return header, value, where
+
+    def __getitem__(self, index: int) -> tuple[bytes, int]:
+        """``(encoded image bytes, label)`` of sample ``index``."""
+        header, value, where = self.raw(index)
+        return record_payload(value, header, check=self.check, where=where), header.label
+
+    def header(self, index: int) -> RecordHeader:
+        """The record header of sample ``index`` (size, encoding, flags)."""
+        return self.raw(index)[0]
+
+    def source_path(self, index: int) -> str:
+        """The path the sample was packed from (for error messages)."""
+        header, value, _ = self.raw(index)
+        return record_path(value, header)
+
+    def where(self, index: int) -> str:
+        """A human description of sample ``index``: its shard and source path."""
+        i = self._index(index)
+        shard = self._shard_of(i)
+        try:
+            src = self.source_path(i)
+        except FormatError:
+            src = "?"
+        return f"sample {i} ({src}) in {self.path / shard.file}"
+
+    def __iter__(self) -> Iterator[tuple[bytes, int]]:
+        for i in range(len(self)):
+            yield self[i]
+
+
+__all__ = ["Dataset", "read_manifest", "HEADER_SIZE"]

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Create or reuse .venv in the repository and install everything fastload, its
+# tests, benchmarks and sample data need. Idempotent: a second run with the same
+# project files only checks the environment.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+venv="$root/.venv"
+py="${PYTHON:-python3}"
+stamp="$venv/.fastload-setup"
+want="$(cat pyproject.toml requirements/constraints.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$venv/bin/python" -c "import fastload" 2>/dev/null; then
+    log "environment up to date ($venv)"
+    exit 0
+fi
+
+# pillow-simd builds from source: it needs these headers or it silently loses
+# WebP/TIFF/colour-profile support.
+need=()
+for p in libjpeg-dev zlib1g-dev libpng-dev libwebp-dev libtiff-dev liblcms2-dev libfreetype-dev; do
+    dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+done
+if [ "${#need[@]}" -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        log "installing system libraries: ${need[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    else
+        log "missing system libraries: ${need[*]} (install them, e.g. sudo apt-get install ${need[*]})"
+        exit 1
+    fi
+fi
+
+[ -x "$venv/bin/python" ] || { log "creating $venv"; "$py" -m venv "$venv"; }
+pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+"${pip[@]}" install -U pip setuptools wheel
+log "installing torch and torchvision (pinned, a few minutes the first time)"
+"${pip[@]}" install -c requirements/constraints.txt torch torchvision
+log "installing fastload with its bench, sample and dev extras (DALI is about 0.9 GB)"
+"${pip[@]}" install -c requirements/constraints.txt -e ".[bench,sample,dev]"
+# torchvision pulls in pillow, and pillow and pillow-simd share the PIL package:
+# remove both, then build pillow-simd from source, last, bypassing the wheel cache.
+log "installing pillow-simd last, from source"
+"${pip[@]}" uninstall -y pillow pillow-simd >/dev/null 2>&1 || true
+"${pip[@]}" install -c requirements/constraints.txt --no-deps --no-cache-dir --force-reinstall \
+    --no-binary pillow-simd pillow-simd
+"$venv/bin/python" - <<'PY'
+import PIL
+from PIL import features
+missing = [f for f in ("jpg", "zlib", "webp", "libtiff") if not features.check(f)]
+if "post" not in PIL.__version__:
+    raise SystemExit(f"PIL {PIL.__version__} is not pillow-simd")
+if missing:
+    raise SystemExit(f"pillow-simd built without {missing}")
+print(f"[setup] PIL {PIL.__version__} (pillow-simd) with JPEG, PNG, WebP, TIFF")
+PY
+echo "$want" > "$stamp"
+log "done: $venv"
