@@ -19,11 +19,32 @@ from .errors import (
     LoaderError,
     PackError,
 )
+from .profile import profile
 from .reader import Dataset
+from .sample import make_sample
+
+# FastLoader imports torch and DALI: load it on first use so that `fastload pack`
+# and `import fastload` stay light and work where DALI is not installed.
+_LAZY = {"FastLoader": "loader", "IMAGENET_MEAN": "loader", "IMAGENET_STD": "loader"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fastload' has no attribute {name!r}")
 
 __all__ = [
     "__version__",
     "Dataset",
+    "make_sample",
+    "profile",
+    "FastLoader",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
     "FastloadError",
     "ConfigError",
     "DependencyError",

@@ -189,6 +189,11 @@ class Dataset:
         header, value, where = self.raw(index)
         return record_payload(value, header, check=self.check, where=where), header.label
 
+    def record(self, index: int) -> tuple[RecordHeader, bytes]:
+        """``(header, encoded image bytes)`` of sample ``index`` (CRC-checked if ``check``)."""
+        header, value, where = self.raw(index)
+        return header, record_payload(value, header, check=self.check, where=where)
+
     def header(self, index: int) -> RecordHeader:
         """The record header of sample ``index`` (size, encoding, flags)."""
         return self.raw(index)[0]

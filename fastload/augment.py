@@ -1,0 +1,107 @@
+"""Per-sample augmentation parameters, as pure functions of (seed, epoch, position).
+
+Crops and flips are decided here, in NumPy, and handed to the DALI graph as inputs.
+Because each sample's draw depends only on ``(seed, epoch, position in the epoch)``
+(a counter-based generator, SplitMix64), results are identical on CPU and GPU, after
+``load_state_dict`` resumes mid-epoch, and whatever the batch size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 finaliser over a uint64 array (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        x = x + _GOLDEN
+        x = (x ^ (x >> np.uint64(30))) * _M1
+        x = (x ^ (x >> np.uint64(27))) * _M2
+        return x ^ (x >> np.uint64(31))
+
+
+def uniforms(seed: int, epoch: int, positions: np.ndarray, draws: int) -> np.ndarray:
+    """``[len(positions), draws]`` floats in [0, 1), a pure function of the arguments."""
+    base = _mix(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
+    with np.errstate(over="ignore"):
+        base = _mix(base + np.uint64(epoch & 0xFFFFFFFFFFFFFFFF))
+        k = _mix(base + np.asarray(positions, dtype=np.uint64))
+        d = np.arange(1, draws + 1, dtype=np.uint64) * _GOLDEN
+        x = _mix(k[:, None] ^ d[None, :])
+    return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def random_resized_crop(
+    widths: np.ndarray,
+    heights: np.ndarray,
+    u: np.ndarray,
+    *,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    attempts: int = 10,
+) -> np.ndarray:
+    """torchvision ``RandomResizedCrop.get_params``, vectorised.
+
+    Args:
+        widths, heights: image sizes.
+        u: uniforms ``[n, 4 * attempts + 2]`` from :func:`uniforms`.
+        scale, ratio: as in torchvision.
+
+    Returns:
+        ``[n, 4]`` float32 boxes ``(x, y, w, h)`` in pixels.
+    """
+    W = np.asarray(widths, dtype=np.float64)[:, None]
+    H = np.asarray(heights, dtype=np.float64)[:, None]
+    area = W * H
+    a = attempts
+    target = area * (scale[0] + u[:, 0:a] * (scale[1] - scale[0]))
+    lr0, lr1 = math.log(ratio[0]), math.log(ratio[1])
+    aspect = np.exp(lr0 + u[:, a : 2 * a] * (lr1 - lr0))
+    w = np.rint(np.sqrt(target * aspect))
+    h = np.rint(np.sqrt(target / aspect))
+    ok = (w > 0) & (h > 0) & (w <= W) & (h <= H)
+    first = np.argmax(ok, axis=1)
+    any_ok = ok[np.arange(len(first)), first]
+    rows = np.arange(len(first))
+    cw = w[rows, first]
+    ch = h[rows, first]
+    Wf, Hf = W[:, 0], H[:, 0]
+    y = np.floor(u[rows, 2 * a + first] * (Hf - ch + 1))
+    x = np.floor(u[rows, 3 * a + first] * (Wf - cw + 1))
+    # fallback: central crop with the ratio clamped into range
+    in_ratio = Wf / Hf
+    fw = np.where(in_ratio < min(ratio), Wf, np.where(in_ratio > max(ratio), np.rint(Hf * max(ratio)), Wf))
+    fh = np.where(in_ratio < min(ratio), np.rint(Wf / min(ratio)), Hf)
+    fw = np.minimum(fw, Wf)
+    fh = np.minimum(fh, Hf)
+    fx = np.floor((Wf - fw) / 2)
+    fy = np.floor((Hf - fh) / 2)
+    box = np.stack(
+        [np.where(any_ok, x, fx), np.where(any_ok, y, fy), np.where(any_ok, cw, fw), np.where(any_ok, ch, fh)], axis=1
+    )
+    return box.astype(np.float32)
+
+
+def train_params(
+    widths: np.ndarray,
+    heights: np.ndarray,
+    *,
+    seed: int,
+    epoch: int,
+    positions: np.ndarray,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    flip: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Crop boxes ``[n, 4]`` (x, y, w, h) and flip flags ``[n]`` (int32 0/1) for a batch."""
+    attempts = 10
+    u = uniforms(seed, epoch, positions, 4 * attempts + 1)
+    boxes = random_resized_crop(widths, heights, u[:, : 4 * attempts], scale=scale, ratio=ratio, attempts=attempts)
+    flips = (u[:, 4 * attempts] < flip).astype(np.int32)
+    return boxes, flips
