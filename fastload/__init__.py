@@ -20,8 +20,10 @@ from .errors import (
     PackError,
 )
 from .profile import profile
+from .checks import inspect, verify
 from .reader import Dataset
 from .sample import make_sample
+from .writer import PackResult, pack, pack_dataset
 
 # FastLoader imports torch and DALI: load it on first use so that `fastload pack`
 # and `import fastload` stay light and work where DALI is not installed.
@@ -40,6 +42,11 @@ def __getattr__(name: str):
 __all__ = [
     "__version__",
     "Dataset",
+    "pack",
+    "pack_dataset",
+    "PackResult",
+    "inspect",
+    "verify",
     "make_sample",
     "profile",
     "FastLoader",

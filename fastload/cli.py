@@ -93,3 +93,224 @@ def main(argv: Sequence[str] | None = None) -> int:
 def main_entry() -> None:
     """Console-script entry point."""
     sys.exit(main())
+
+
+def _add_sample(sub) -> None:
+    """``fastload sample OUT``: write the built-in ImageNet-like sample dataset."""
+    p = sub.add_parser(
+        "sample",
+        help="make the built-in sample dataset (ImageNet-like JPEGs from scikit-image's photos)",
+        description="Write an ImageFolder tree of JPEGs (about 500x375, quality 90, about 100 KB each) "
+        "made from the photos bundled with scikit-image. An existing sample made with the same "
+        "options is reused.",
+    )
+    p.add_argument("out", metavar="OUT", help="directory to create")
+    p.add_argument("--images", type=int, default=3000, metavar="N", help="number of images (default 3000)")
+    p.add_argument("--classes", type=int, default=10, metavar="K", help="number of classes (default 10)")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default 0)")
+    p.add_argument("--workers", type=int, default=None, metavar="N", help="processes (default: up to 2)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing sample at OUT")
+
+    def run(args) -> int:
+        import time
+
+        from .sample import _read_marker, make_sample
+
+        t0 = time.perf_counter()
+        out = make_sample(
+            args.out, num_images=args.images, num_classes=args.classes, seed=args.seed,
+            overwrite=args.overwrite, workers=args.workers,
+        )
+        info = _read_marker(out) or {}
+        mb = info.get("bytes", 0) / 1e6
+        print(f"sample: {args.images} images, {args.classes} classes, {mb:.1f} MB in {out} ({time.perf_counter() - t0:.1f} s)")
+        return 0
+
+    p.set_defaults(func=run)
+
+
+_COMMANDS.append(_add_sample)
+
+
+# ----------------------------------------------------------------------------- pack / inspect / verify
+
+
+def _add_pack(sub) -> None:
+    """``fastload pack SRC OUT``: pack an ImageFolder tree or a list file into LMDB shards."""
+    p = sub.add_parser(
+        "pack",
+        help="pack an ImageFolder tree (or a path,label list file) into LMDB shards",
+        description="Pack SRC (an ImageFolder tree: one folder per class, or a .csv/.tsv/.txt list of "
+        "'path,label' rows) into the directory OUT: LMDB shards, labels.bin and manifest.json. "
+        "JPEGs are stored byte for byte; other images become RGB JPEGs.",
+    )
+    p.add_argument("src", metavar="SRC", help="ImageFolder directory or list file")
+    p.add_argument("out", metavar="OUT", help="directory to create")
+    p.add_argument("--workers", type=int, default=None, metavar="N", help="processes (default: all cores)")
+    p.add_argument("--shard-size", default="1GB", metavar="SIZE", help="largest shard, like 1GB, 512MB, 64KiB (default 1GB)")
+    p.add_argument("--on-error", choices=("skip", "fail"), default="skip", help="skip bad images (default) or stop at the first")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT (and any unfinished pack)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted pack, reusing its finished shards")
+    p.add_argument("--max-size", type=int, default=None, metavar="PX", help="shrink images whose longer side exceeds PX")
+    p.add_argument("--quality", type=int, default=95, metavar="Q", help="JPEG quality of re-encoded images (default 95)")
+    p.add_argument("--baseline", action="store_true", help="re-encode progressive JPEGs as baseline (for GPU hardware decoders)")
+    p.add_argument("--max-pixels", type=int, default=89_478_485, metavar="N", help="refuse images with more pixels (default 89478485)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    def run(args) -> int:
+        from .writer import pack
+
+        res = pack(
+            args.src, args.out, workers=args.workers, shard_size=args.shard_size, on_error=args.on_error,
+            overwrite=args.overwrite, resume=args.resume, max_size=args.max_size, quality=args.quality,
+            baseline=args.baseline, max_pixels=args.max_pixels, progress=not (args.no_progress or args.quiet),
+        )  # fmt: skip
+        print(res.summary())
+        for s in res.skipped[:20]:
+            print(f"  skipped {s['path']}: {s['reason']}")
+        if len(res.skipped) > 20:
+            print(f"  ... and {len(res.skipped) - 20} more (listed in {res.path}/manifest.json)")
+        return 0
+
+    p.set_defaults(func=run)
+
+
+def _add_inspect(sub) -> None:
+    """``fastload inspect OUT [--json]``: describe a packed dataset."""
+    p = sub.add_parser("inspect", help="describe a packed dataset (samples, classes, shards, encodings, sizes)")
+    p.add_argument("path", metavar="OUT", help="packed dataset directory")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    def run(args) -> int:
+        import json
+
+        from .checks import format_inspect, inspect
+
+        info = inspect(args.path)
+        print(json.dumps(info, indent=1, ensure_ascii=False) if args.json else format_inspect(info))
+        return 0
+
+    p.set_defaults(func=run)
+
+
+def _add_verify(sub) -> None:
+    """``fastload verify OUT [--decode]``: check hashes, records and (optionally) decoding."""
+    p = sub.add_parser("verify", help="check every shard's hash and every record (exit 1 naming what is bad)")
+    p.add_argument("path", metavar="OUT", help="packed dataset directory")
+    p.add_argument("--decode", action="store_true", help="also decode every image with PIL")
+
+    def run(args) -> int:
+        from .checks import verify
+
+        rep = verify(args.path, decode=args.decode)
+        what = f"{rep.shards_checked} shards, {rep.samples_checked} samples" + (" decoded" if rep.decoded else "")
+        if rep.ok:
+            print(f"ok: {rep.path}: {what}")
+            return 0
+        for line in rep.problems:
+            print(line, file=sys.stderr)
+        print(f"fastload verify: {len(rep.problems)} problem(s) in {rep.path} ({what} checked)", file=sys.stderr)
+        return 1
+
+    p.set_defaults(func=run)
+
+
+_COMMANDS.extend([_add_pack, _add_inspect, _add_verify])
+
+
+# ----------------------------------------------------------------------------- bench / doctor
+
+
+def _parse_workers(text: str) -> list[int]:
+    from .errors import ConfigError
+
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v != ""]
+    except ValueError:
+        values = []
+    if not values or any(v < 0 for v in values):
+        raise ConfigError(f"--workers {text!r}: expected comma-separated integers >= 0, like 1,2,4")
+    return values
+
+
+def _add_bench(sub) -> None:
+    """``fastload bench DATASET``: FastLoader against DataLoader baselines; writes report.md/.json/.png."""
+    p = sub.add_parser(
+        "bench",
+        help="benchmark FastLoader against torch DataLoader baselines on the same images",
+        description="Measure, side by side on the same images: torchvision ImageFolder in a DataLoader "
+        "(num_workers swept), a DataLoader over the packed shards decoding with PIL, and FastLoader; "
+        "loader-only images/s and a real training loop (waiting share, GPU/CPU utilisation). "
+        "Writes report.md, report.json and report.png under --out.",
+    )
+    from .bench.runner import BenchConfig  # light: torch and DALI load only when the command runs
+
+    d = BenchConfig()
+    p.add_argument("dataset", metavar="DATASET", help="packed dataset directory (fastload pack)")
+    p.add_argument("--images", metavar="SRC", default=None, help="the unpacked ImageFolder tree (default: the source recorded at pack time)")
+    p.add_argument("--device", default=None, metavar="DEV", help="cpu, cuda or cuda:N (default: cuda if present, else cpu)")
+    p.add_argument("--model", default=None, metavar="NAME", help="small-cnn, resnet18, resnet34, resnet50 or none (default: small-cnn on cpu, resnet50 on cuda)")
+    p.add_argument("--out", default=None, metavar="DIR", help="output directory (default reports/<timestamp>/)")
+    p.add_argument("--batch-size", type=int, default=None, metavar="N", help=f"samples per batch (default {d.batch_size})")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--batches", type=int, default=None, metavar="N", help=f"timed batches per loader-only repeat (default {d.batches})")
+    g.add_argument("--epochs", type=int, default=None, metavar="E", help="time E full epochs per repeat instead of --batches")
+    p.add_argument("--warmup", type=int, default=None, metavar="N", help=f"warm-up batches/steps left out (default {d.warmup})")
+    p.add_argument("--repeats", type=int, default=None, metavar="N", help=f"loader-only repeats (default {d.repeats})")
+    p.add_argument("--train-steps", type=int, default=None, metavar="N", help=f"timed training steps per loader; 0 skips training (default {d.train_steps})")
+    p.add_argument("--workers", type=_parse_workers_arg, default=None, metavar="LIST", help="num_workers values for the ImageFolder baseline, like 1,2,4 (default: up to the core count)")
+    p.add_argument("--crop", type=int, default=None, metavar="PX", help=f"output side in pixels (default {d.crop})")
+    p.add_argument("--quick", action="store_true", help="a few small batches per loader (seconds; for smoke tests)")
+
+    def run(args) -> int:
+        from .bench.runner import Progress, run_bench
+
+        device = args.device
+        if device is None:
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        cfg = BenchConfig.quick(device=device) if args.quick else BenchConfig(device=device)
+        for attr in ("model", "batch_size", "batches", "epochs", "warmup", "repeats", "train_steps", "workers", "crop"):
+            value = getattr(args, attr)
+            if value is not None:
+                setattr(cfg, attr, value)
+        progress = False if args.quiet else Progress()
+        res = run_bench(args.dataset, images=args.images, out=args.out, config=cfg, progress=progress)
+        print(res["verdict"])
+        print(f"report: {res['files']['md']} (also report.json, report.png)")
+        return 0
+
+    p.set_defaults(func=run)
+
+
+def _parse_workers_arg(text: str) -> list[int]:
+    from .errors import ConfigError
+
+    try:
+        return _parse_workers(text)
+    except ConfigError as e:  # argparse turns this into a one-line usage error
+        raise argparse.ArgumentTypeError(str(e).removeprefix(f"--workers {text!r}: ")) from None
+
+
+def _add_doctor(sub) -> None:
+    """``fastload doctor``: versions, devices, the hardware JPEG decoder, and what to fix."""
+    p = sub.add_parser(
+        "doctor",
+        help="check the environment: versions, pillow-simd, DALI, CUDA devices, hardware JPEG decoder, what to fix",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    def run(args) -> int:
+        import json
+
+        from .doctor import diagnose, format_report
+
+        d = diagnose()
+        print(json.dumps(d, indent=1) if args.json else format_report(d))
+        return 0
+
+    p.set_defaults(func=run)
+
+
+_COMMANDS.extend([_add_bench, _add_doctor])

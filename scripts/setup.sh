@@ -12,7 +12,13 @@ want="$(cat pyproject.toml requirements/constraints.txt scripts/setup.sh | sha25
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$venv/bin/python" -c "import fastload" 2>/dev/null; then
+# Up to date only if the stamp matches AND the venv still works: fastload is installed
+# (checked from outside the repo, where `import fastload` cannot come from the cwd) and
+# PIL is still pillow-simd (a later `pip install` of anything needing pillow replaces it).
+healthy() {
+    (cd / && "$venv/bin/python" -c 'import PIL, fastload; raise SystemExit("post" not in PIL.__version__)') 2>/dev/null
+}
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && healthy; then
     log "environment up to date ($venv)"
     exit 0
 fi

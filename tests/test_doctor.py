@@ -1,0 +1,125 @@
+"""fastload doctor: versions, pillow-simd status, DALI, CUDA and the hardware decoder, fixes."""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import json
+import sys
+
+import pytest
+
+from fastload import doctor
+from fastload.cli import main
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    return doctor.diagnose()
+
+
+def test_diagnose_reports_this_environment(report):
+    json.dumps(report)  # serialisable as is (for --json)
+    assert report["python"]["version"] == ".".join(map(str, sys.version_info[:3]))
+    import numpy
+    import torch
+
+    assert report["packages"]["torch"]["version"] == torch.__version__
+    assert report["packages"]["numpy"]["version"] == numpy.__version__
+    assert report["cpu"]["usable_cores"] >= 1
+    import PIL
+
+    pil = report["packages"]["pil"]
+    assert pil["version"] == PIL.__version__
+    try:
+        simd_version = metadata.version("pillow-simd")
+    except metadata.PackageNotFoundError:
+        simd_version = None
+    assert pil["simd"] is (simd_version == PIL.__version__)
+    text = doctor.format_report(report)
+    assert ("(pillow-simd)" in text) is pil["simd"]
+    assert "What to fix:" in text or "Nothing to fix." in text
+    if not torch.cuda.is_available():
+        assert report["cuda"]["reason"] == "no CUDA device"
+        assert report["hw_decoder"] == {"usable": False, "reason": "no CUDA device"}
+        assert any("FastLoader will use DALI's CPU pipeline" in f for f in report["fixes"])
+
+
+def test_plain_pillow_gets_a_reinstall_fix(monkeypatch):
+    real = doctor._dist_version
+
+    def fake(*names):
+        if names == ("pillow-simd",):
+            return None
+        if names[0] in ("pillow", "Pillow"):
+            import PIL
+
+            return PIL.__version__
+        return real(*names)
+
+    monkeypatch.setattr(doctor, "_dist_version", fake)
+    d = doctor.diagnose()
+    assert d["packages"]["pil"]["simd"] is False
+    fix = [f for f in d["fixes"] if "not pillow-simd" in f]
+    assert fix and "--no-binary pillow-simd pillow-simd" in fix[0]
+    assert "plain pillow, not pillow-simd" in doctor.format_report(d)
+
+
+def test_missing_dali_is_reported_with_the_package_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # import -> ImportError
+    monkeypatch.setattr(doctor, "_dali_dists", lambda: [])
+    d = doctor.diagnose()
+    assert d["packages"]["dali"]["error"] == "not installed"
+    pkg = doctor.dali_package_for(d["cuda"]["torch_cuda"])
+    assert any(f"pip install {pkg}" in f for f in d["fixes"])
+    assert any(line.split() == ["DALI", "not", "installed"] for line in doctor.format_report(d).splitlines())
+
+
+def test_hardware_decoder_by_compute_capability():
+    assert doctor.has_hw_decoder((8, 0)) and doctor.has_hw_decoder((9, 0)) and doctor.has_hw_decoder((10, 0))
+    assert not doctor.has_hw_decoder((8, 6)) and not doctor.has_hw_decoder((7, 5)) and not doctor.has_hw_decoder((8, 9))
+    h200 = {"index": 0, "name": "NVIDIA H200", "capability": "9.0", "hw_jpeg_decoder": True}
+    l4 = {"index": 0, "name": "NVIDIA L4", "capability": "8.9", "hw_jpeg_decoder": False}
+    dali = {"version": "2.4.0", "error": None}
+    assert doctor._hw_decoder(dali, {"available": True, "devices": [h200]})["usable"] is True
+    r = doctor._hw_decoder(dali, {"available": True, "devices": [l4]})
+    assert r["usable"] is False and "no hardware JPEG decoder" in r["reason"]
+    r = doctor._hw_decoder({"version": None, "error": "not installed"}, {"available": True, "devices": [h200]})
+    assert r["usable"] is False and "not installed" in r["reason"]
+    r = doctor._hw_decoder({"version": "0.28.0", "error": None}, {"available": True, "devices": [h200]})
+    assert r["usable"] is False and "too old" in r["reason"]
+    assert doctor._hw_decoder(dali, {"available": False, "devices": [], "reason": "no CUDA device"})["reason"] == "no CUDA device"
+
+
+def test_gpu_rows_in_the_text_report(monkeypatch):
+    cuda = {
+        "available": True,
+        "reason": "",
+        "torch_cuda": "12.4",
+        "devices": [
+            {"index": 0, "name": "NVIDIA H200", "memory_gb": 139.8, "capability": "9.0", "multiprocessors": 132, "hw_jpeg_decoder": True}
+        ],
+    }
+    monkeypatch.setattr(doctor, "_cuda_info", lambda: cuda)
+    d = doctor.diagnose()
+    text = doctor.format_report(d)
+    assert "cuda:0" in text and "NVIDIA H200, 139.8 GiB, compute capability 9.0, hardware JPEG decoder" in text
+    if d["packages"]["dali"]["error"] is None:
+        assert d["hw_decoder"]["usable"] is True
+        assert not any("FastLoader will use DALI's CPU pipeline" in f for f in d["fixes"])
+
+
+def test_dali_package_matches_torch_cuda():
+    assert doctor.dali_package_for("13.0") == "nvidia-dali-cuda130"
+    assert doctor.dali_package_for("12.4") == "nvidia-dali-cuda120"
+    assert doctor.dali_package_for("11.8") == "nvidia-dali-cuda110"
+    assert doctor.dali_package_for(None) == "nvidia-dali-cuda120"
+
+
+def test_cli_doctor_exits_0(capsys):
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("fastload doctor") and "PIL" in out and "DALI HW decoder" in out
+    assert main(["doctor", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert {"packages", "cuda", "cpu", "hw_decoder", "fixes"} <= set(d)
+    assert isinstance(d["packages"]["pil"]["simd"], bool)
