@@ -49,11 +49,23 @@ def build_parser() -> argparse.ArgumentParser:
 _COMMANDS: list = []
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of each record (not at set-up)."""
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def _setup_logging(debug: bool, quiet: bool) -> None:
     level = logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO
     root = logging.getLogger("fastload")
-    if not root.handlers:
-        h = logging.StreamHandler(sys.stderr)
+    if not any(isinstance(h, _StderrHandler) for h in root.handlers):
+        h = _StderrHandler()
         h.setFormatter(logging.Formatter("%(message)s"))
         root.addHandler(h)
     root.setLevel(level)

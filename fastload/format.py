@@ -22,7 +22,7 @@ import dataclasses
 import json
 import struct
 import zlib
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import CorruptDataError, FormatError
 
@@ -68,9 +68,12 @@ def key(index: int) -> bytes:
     return KEY.pack(index)
 
 
-@dataclasses.dataclass(frozen=True)
-class RecordHeader:
-    """Decoded record header. ``width``/``height`` are the stored image's size."""
+class RecordHeader(NamedTuple):
+    """Decoded record header. ``width``/``height`` are the stored image's size.
+
+    A NamedTuple rather than a dataclass: it is built once per sample read, and a
+    tuple builds several times faster.
+    """
 
     encoding: int
     flags: int

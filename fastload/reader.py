@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import operator
 import os
 import threading
+import zlib
 from pathlib import Path
 from typing import Iterator
 
@@ -18,11 +20,10 @@ from .format import (
     MANIFEST_NAME,
     Manifest,
     RecordHeader,
+    KEY,
     ShardInfo,
     decode_header,
-    key,
     record_path,
-    record_payload,
 )
 
 try:  # lmdb is a hard dependency; keep the hint readable anyway
@@ -33,21 +34,35 @@ except ImportError as e:  # pragma: no cover - exercised only without lmdb
 
 # py-lmdb refuses to open one environment twice in a process: share one handle per
 # shard file per process (the pid guards against handles inherited through fork).
+# The file's identity (inode, size, mtime) is kept beside it, so a shard replaced on
+# disk (a pack with --overwrite into the same OUT) is reopened, not read stale.
 _ENVS: dict[tuple[int, str], "lmdb.Environment"] = {}
+_ENV_IDS: dict[tuple[int, str], tuple[int, int, int]] = {}
 _ENVS_LOCK = threading.Lock()
 
 
-def _open_env(path: str) -> "lmdb.Environment":
+def _open_env(path: str, identity: tuple[int, int, int] | None = None) -> "lmdb.Environment":
     k = (os.getpid(), path)
-    env = _ENVS.get(k)
-    if env is None:
-        with _ENVS_LOCK:
-            env = _ENVS.get(k)
-            if env is None:
+    with _ENVS_LOCK:
+        env = _ENVS.get(k)
+        if env is not None and identity is not None and _ENV_IDS.get(k) != identity:
+            env.close()  # the file on disk is not the one this handle maps
+            env = None
+        if env is None:
+            try:
                 env = lmdb.open(
                     path, subdir=False, readonly=True, lock=False, readahead=False, meminit=False, max_readers=1024
                 )
-                _ENVS[k] = env
+            except lmdb.Error:
+                # Forked after the parent opened this file: py-lmdb's registry of open
+                # files came along and refuses a second handle. The parent's read-only,
+                # lock-free mapping was inherited too and is safe to read: adopt it.
+                env = next((e for (pid, q), e in _ENVS.items() if q == path and pid != k[0]), None)
+                if env is None:
+                    raise
+            _ENVS[k] = env
+            if identity is not None:
+                _ENV_IDS[k] = identity
     return env
 
 
@@ -90,7 +105,8 @@ class Dataset:
         self.manifest = read_manifest(self.path)
         self._firsts = [s.first for s in self.manifest.shards]
         self._labels = self._read_labels()
-        self._checked_sizes: set[str] = set()
+        self._envs: list["lmdb.Environment" | None] = [None] * len(self.manifest.shards)
+        self._pid = os.getpid()
 
     # -- metadata ---------------------------------------------------------------------------
     def _read_labels(self) -> np.ndarray:
@@ -135,30 +151,38 @@ class Dataset:
     def _shard_of(self, index: int) -> ShardInfo:
         return self.manifest.shards[bisect.bisect_right(self._firsts, index) - 1]
 
-    def _env(self, shard: ShardInfo) -> "lmdb.Environment":
+    def _env(self, k: int) -> "lmdb.Environment":
+        """The open environment of shard ``k``, checked against the manifest on first use."""
+        if self._pid != os.getpid():  # forked: handles of the parent are not ours
+            self._envs = [None] * len(self._envs)
+            self._pid = os.getpid()
+        env = self._envs[k]
+        if env is not None:
+            return env
+        shard = self.manifest.shards[k]
         fpath = str(self.path / shard.file)
-        if shard.file not in self._checked_sizes:
-            # A truncated file read through mmap kills the process with SIGBUS: check first.
-            try:
-                size = os.path.getsize(fpath)
-            except OSError:
-                raise FormatError(f"{fpath}: shard file is missing; the dataset is incomplete") from None
-            if size != shard.bytes:
-                raise CorruptDataError(
-                    f"{fpath}: shard is {size} bytes, the manifest says {shard.bytes}; "
-                    "it was truncated or replaced (run `fastload verify`)"
-                )
-            self._checked_sizes.add(shard.file)
+        # A truncated file read through mmap kills the process with SIGBUS: check first.
         try:
-            return _open_env(fpath)
+            st = os.stat(fpath)
+        except OSError:
+            raise FormatError(f"{fpath}: shard file is missing; the dataset is incomplete") from None
+        if st.st_size != shard.bytes:
+            raise CorruptDataError(
+                f"{fpath}: shard is {st.st_size} bytes, the manifest says {shard.bytes}; "
+                "it was truncated or replaced (run `fastload verify`)"
+            )
+        try:
+            env = _open_env(fpath, (st.st_ino, st.st_size, st.st_mtime_ns))
         except lmdb.Error as e:
             raise CorruptDataError(f"{fpath}: cannot open shard: {e}") from None
+        self._envs[k] = env
+        return env
 
     def _index(self, index: int) -> int:
         n = self.manifest.num_samples
         try:
-            i = int(index)
-        except (TypeError, ValueError):
+            i = operator.index(index)
+        except TypeError:
             raise TypeError(f"dataset index must be an integer, got {type(index).__name__}") from None
         if i < 0:
             i += n
@@ -166,33 +190,59 @@ class Dataset:
             raise IndexError(f"sample index {index} out of range for a dataset of {n} samples")
         return i
 
-    def raw(self, index: int) -> tuple[RecordHeader, bytes, str]:
-        """``(header, stored value, shard path)`` of one sample, validated against its header."""
+    def _read(self, index: int, *, check: bool, want_path: bool) -> tuple[RecordHeader, bytes, str | None]:
+        """Header, payload and (optionally) source path of one sample: the hot path."""
         i = self._index(index)
-        shard = self._shard_of(i)
-        env = self._env(shard)
-        where = f"{self.path / shard.file} sample {i}"
+        k = bisect.bisect_right(self._firsts, i) - 1
+        env = self._env(k)
         try:
-            with env.begin(buffers=False) as txn:
-                value = txn.get(key(i))
+            with env.begin(buffers=True) as txn:
+                value = txn.get(KEY.pack(i))
+                if value is None:
+                    raise CorruptDataError(f"{self._where(k, i)}: record missing from its shard")
+                try:
+                    header = decode_header(value, where="")
+                except CorruptDataError as e:
+                    raise CorruptDataError(f"{self._where(k, i)}{e}") from None
+                start = HEADER_SIZE + header.path_len
+                payload = bytes(value[start:])
+                path = bytes(value[HEADER_SIZE:start]).decode("utf-8", "surrogateescape") if want_path else None
+        except lmdb.Error as e:
+            raise CorruptDataError(f"{self._where(k, i)}: LMDB error: {e}") from None
+        if header.label != self._labels[i]:
+            raise CorruptDataError(f"{self._where(k, i)}: label {header.label} differs from labels.bin ({int(self._labels[i])})")
+        if check and zlib.crc32(payload) != header.crc32:
+            raise CorruptDataError(f"{self._where(k, i)}: payload CRC-32 mismatch (the image bytes were altered)")
+        return header, payload, path
+
+    def _where(self, k: int, i: int) -> str:
+        return f"{self.path / self.manifest.shards[k].file} sample {i}"
+
+    def raw(self, index: int) -> tuple[RecordHeader, bytes, str]:
+        """``(header, stored value, description)`` of one sample, validated against its header."""
+        i = self._index(index)
+        k = bisect.bisect_right(self._firsts, i) - 1
+        env = self._env(k)
+        where = self._where(k, i)
+        try:
+            with env.begin() as txn:
+                value = txn.get(KEY.pack(i))
         except lmdb.Error as e:
             raise CorruptDataError(f"{where}: LMDB error: {e}") from None
         if value is None:
             raise CorruptDataError(f"{where}: record missing from its shard")
         header = decode_header(value, where=where)
-        if int(self._labels[i]) != header.label:
-            raise CorruptDataError(f"{where}: label {header.label} differs from labels.bin ({int(self._labels[i])})")
         return header, value, where
 
     def __getitem__(self, index: int) -> tuple[bytes, int]:
         """``(encoded image bytes, label)`` of sample ``index``."""
-        header, value, where = self.raw(index)
-        return record_payload(value, header, check=self.check, where=where), header.label
+        header, payload, _ = self._read(index, check=self.check, want_path=False)
+        return payload, header.label
 
     def record(self, index: int) -> tuple[RecordHeader, bytes]:
         """``(header, encoded image bytes)`` of sample ``index`` (CRC-checked if ``check``)."""
-        header, value, where = self.raw(index)
-        return header, record_payload(value, header, check=self.check, where=where)
+        header, payload, _ = self._read(index, check=self.check, want_path=False)
+        return header, payload
 
     def header(self, index: int) -> RecordHeader:
         """The record header of sample ``index`` (size, encoding, flags)."""

@@ -14,16 +14,6 @@ from fastload.cli import main
 from fastload.format import shard_name
 
 
-@pytest.fixture(autouse=True)
-def _fresh_logging():
-    """The CLI binds its log handler to the sys.stderr of its first call: rebind per test."""
-    logger = logging.getLogger("fastload")
-    saved = logger.handlers[:]
-    logger.handlers.clear()
-    yield
-    logger.handlers[:] = saved
-
-
 def run(capsys, *argv) -> tuple[int, str, str]:
     code = main([str(a) for a in argv])
     out, err = capsys.readouterr()
