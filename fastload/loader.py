@@ -490,10 +490,11 @@ def _host_finish(
         scale = np.array([1.0 / (255.0 * s) for s in std], dtype=np.float32).reshape(3, 1, 1)  # type: ignore[union-attr]
         shift = np.array([m / s for m, s in zip(mean, std)], dtype=np.float32).reshape(3, 1, 1)  # type: ignore[arg-type]
     for i in range(n):
-        im = Image.fromarray(np.asarray(crops[i])).resize((crop, crop), Image.BILINEAR)
+        hwc = np.ascontiguousarray(crops[i])  # DALI's buffer, no copy
+        src = Image.frombuffer("RGB", (hwc.shape[1], hwc.shape[0]), hwc, "raw", "RGB", 0, 1)
+        chw = np.asarray(src.resize((crop, crop), Image.BILINEAR)).transpose(2, 0, 1)
         if flips[i]:
-            im = im.transpose(Image.FLIP_LEFT_RIGHT)
-        chw = np.asarray(im).transpose(2, 0, 1)
+            chw = chw[:, :, ::-1]  # a view: the flip happens in the write below
         dst = dst_all[i]
         if mean is None:
             dst[...] = chw
