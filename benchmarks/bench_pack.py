@@ -255,14 +255,14 @@ def render_md(res: dict) -> str:
         f"Dataset: {d['images']} JPEGs in {d['classes']} classes, {d['bytes'] / 1e6:.1f} MB "
         f"({d['bytes'] / d['images'] / 1e3:.0f} KB each); page cache warm; median of {res['repeats']} interleaved runs.",
         "",
-        "| step | images/s | MB/s | seconds | vs copy |",
-        "|---|---:|---:|---:|---:|",
+        "| step | images/s | MB/s | seconds (median) | vs copy | each run, s |",
+        "|---|---:|---:|---:|---:|---|",
     ]
     copy_rate = res["copy"]["images_per_s"]
     for name, r in res["throughput"].items():
         lines.append(
             f"| {name} | {r['images_per_s']:,.0f} | {r['mb_per_s']:,.1f} | {r['seconds']:.2f} | "
-            f"{r['images_per_s'] / copy_rate:.2f} |"
+            f"{r['images_per_s'] / copy_rate:.2f} | {', '.join(f'{x:.2f}' for x in r['runs_s'])} |"
         )
     lines += [
         "",
@@ -275,6 +275,8 @@ def render_md(res: dict) -> str:
     lines += ["", "Targets:"]
     for t in res["targets"]:
         lines.append(f"- {'PASS' if t['passed'] else 'FAIL'}: {t['what']} = {t['value']} (target {t['target']})")
+    if res.get("notes"):
+        lines += ["", "Notes:"] + [f"- {n}" for n in res["notes"]]
     if res.get("profile_file"):
         lines += ["", f"cProfile of a single-process pack: `{res['profile_file']}`."]
     return "\n".join(lines) + "\n"
@@ -300,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-reads", type=int, default=100_000, help="reads per random/sequential read run")
     ap.add_argument("--machine", help="name in the result files (default: from the CPU model and cores)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--note", action="append", default=[], help="a line of context for the report (repeatable)")
     ap.add_argument("--profile", choices=["auto", "always", "never"], default="auto",
                     help="cProfile a workers=1 pack: when the pack target is missed (auto), always or never")
     args = ap.parse_args(argv)
@@ -331,23 +334,34 @@ def main(argv: list[str] | None = None) -> int:
 
         times: dict[str, list[float]] = {"copy": [], "copy+sync": [], "concat+fsync": [], **{f"pack w={w}": [] for w in workers}}
         pack_info: dict = {}
+        # Deleting files between runs slows the next runs' file creation (ext4 journal
+        # commits, discard): keep every output until the end when the disk has room.
+        steps = 3 + len(workers)
+        keep = shutil.disk_usage(work).free > nbytes * 1.2 * steps * args.repeats + (2 << 30)
+        if not keep:
+            log.info("not enough free disk to keep every run's output: deleting between runs")
+        last = None
         for rep in range(args.repeats):
+            outs = []
             for sync in (False, True):
                 name = "copy+sync" if sync else "copy"
-                dest = work / f"copy-{rep}"
+                dest = work / f"{name}-{rep}"
                 times[name].append(run_copy(src, files, dest, sync=sync))
-                shutil.rmtree(dest)
-            dest = work / "concat" / "all.bin"
+                outs.append(dest)
+            dest = work / f"concat-{rep}" / "all.bin"
             times["concat+fsync"].append(run_concat(files, dest))
-            shutil.rmtree(dest.parent)
+            outs.append(dest.parent)
             for w in workers:
-                out = work / f"pack-{w}"
-                dt, pack_info[w] = run_pack(src, out, w, len(files))
+                last = work / f"pack-w{w}-{rep}"
+                dt, pack_info[w] = run_pack(src, last, w, len(files))
                 times[f"pack w={w}"].append(dt)
-                if not (rep == args.repeats - 1 and w == workers[-1]):
-                    shutil.rmtree(out)
+                outs.append(last)
+            if not keep:
+                for o in outs:
+                    if o != last or rep < args.repeats - 1:
+                        shutil.rmtree(o)
             log.info("run %d: %s", rep + 1, ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()))
-        packed = work / f"pack-{workers[-1]}"
+        packed = last
         read = bench_reads(packed, args.repeats, args.min_reads, seed=0)
         log.info("reads: %s", {k: v["samples_per_s"] for k, v in read.items()})
 
@@ -368,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": info,
             "dataset": {"images": len(files), "classes": classes, "bytes": nbytes, "source": str(args.images or "temporary sample")},
             "repeats": args.repeats,
+            "notes": args.note,
             "workers": workers,
             "throughput": res_rows,
             "copy": copy,
