@@ -140,7 +140,7 @@ def check_correctness(packed: Path, device: str, results: dict) -> None:
     results["exif_sample_stored_size"] = [h.width, h.height]
     with FastLoader(packed, 1, device=device, train=False, shuffle=False, mean=None, std=None, crop=224) as g:
         x, _ = next(iter(g))
-    src = Image.open(ds.source_path(0))
+    src = Image.open(packed.parent / "images" / ds.source_path(0))  # paths are stored relative to SRC
     from PIL import ImageOps
 
     ref = ImageOps.exif_transpose(src).convert("RGB")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job, end to end, on the built-in sample dataset (the README's first command):
-#   set up .venv -> make 3,000 ImageNet-like JPEGs -> pack them -> inspect -> load one epoch.
+#   set up .venv -> make 3,000 ImageNet-like JPEGs -> pack them -> inspect -> load one epoch
+#   -> benchmark report (reports/sample/report.md, .json, .png).
 # Creates or reuses .venv and data/sample-images; rewrites data/sample-packed.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,28 +13,22 @@ images="data/sample-images"
 packed="data/sample-packed"
 step() { printf '\n== %s\n' "$*"; }
 
-step "1/4 sample dataset -> $images (reused when already made with the same options)"
+step "1/5 sample dataset -> $images (reused when already made with the same options)"
 "$py" -m fastload sample "$images" --images 3000 --classes 10 --seed 0
 
-step "2/4 pack -> $packed"
+step "2/5 pack -> $packed"
 "$py" -m fastload pack "$images" "$packed" --overwrite
 
-step "3/4 inspect"
+step "3/5 inspect"
 "$py" -m fastload inspect "$packed"
 
-step "4/4 load one epoch with FastLoader"
-# TODO(lead): this guard only keeps the demo green while fastload/loader.py is being
-# written; once FastLoader is merged, drop the find_spec check so a missing loader fails.
+step "4/5 load one epoch with FastLoader"
 "$py" - "$packed" <<'PY'
-import importlib.util, sys, time
+import sys, time
 
-path = sys.argv[1]
-if importlib.util.find_spec("fastload.loader") is None:
-    print("FastLoader is not available yet (fastload/loader.py missing); skipping the load step")
-    sys.exit(0)
 from fastload import FastLoader
 
-with FastLoader(path, 64, device=None) as loader:
+with FastLoader(sys.argv[1], 64, device=None) as loader:
     n, t0 = 0, time.perf_counter()
     for images, labels in loader:
         n += labels.shape[0]
@@ -42,5 +37,5 @@ print(f"loaded {n} images in {len(loader)} batches of {tuple(images.shape[1:])} 
       f"{images.device} in {dt:.1f} s: {n / dt:,.0f} images/s")
 PY
 
-# TODO(lead): benchmark report, once `fastload bench` lands (placeholder, not run yet):
-# "$py" -m fastload bench "$packed" --out reports/sample
+step "5/5 benchmark report: FastLoader against DataLoader on the same images -> reports/sample/"
+"$py" -m fastload bench "$packed" --images "$images" --out reports/sample
