@@ -153,7 +153,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         "## Loader only",
         "",
         f"Images/s pulling batches as fast as possible (moved to the device when the loader leaves them on the host); "
-        f"{cfg['repeats']} repeats, each a new epoch with {cfg['warmup']} warm-up batches left out.",
+        f"{cfg['repeats']} repeats interleaved across loaders (repeat 1 of every loader, then repeat 2, ...), each a new epoch with {cfg['warmup']} warm-up batches left out.",
         "",
         "| loader | kind | images/s (median) | min | max | vs best DataLoader | first batch (s) |",
         "|---|---|---:|---:|---:|---:|---:|",

@@ -571,8 +571,7 @@ def run_bench(
     if cfg.train_steps > 0 and cfg.model != "none":
         prog.update(f"warming up {cfg.model} on {cfg.device}", force=True)
         warm_model(cfg, num_classes)
-    for k, spec in enumerate(specs, 1):
-        results.append(_run_one(spec, k, len(specs), cfg, num_classes, prog))
+    results = _run_all(specs, cfg, num_classes, prog)
     elapsed = time.perf_counter() - t_run
 
     result: dict[str, Any] = {
@@ -605,55 +604,101 @@ def _fastload_version() -> str:
     return __version__
 
 
-def _run_one(spec: dict[str, Any], k: int, n: int, cfg: BenchConfig, num_classes: int, prog: Progress) -> dict[str, Any]:
-    name = spec["name"]
-    entry: dict[str, Any] = {
-        "name": name,
-        "kind": spec["kind"],
-        "params": _jsonable(spec["params"]),
-        "create_s": None,
-        "loader_only": None,
-        "training": None,
-        "error": None,
-    }
-    tag = f"[{k}/{n}] {name}"
-    loader = None
+def _run_all(specs: list[dict[str, Any]], cfg: BenchConfig, num_classes: int, prog: Progress) -> list[dict[str, Any]]:
+    """Build every loader, time them **interleaved** (repeat r of each loader, then repeat r+1),
+    so that drift in the machine's background load hits all loaders alike; then run the
+    training loop of each. A loader that fails is reported with its error; the others go on.
+    """
+    n = len(specs)
+    entries: list[dict[str, Any]] = []
+    loaders: list[Any] = []
+    runs: list[list[float]] = [[] for _ in specs]
+    extra: list[dict[str, Any]] = [{} for _ in specs]
+    one = dataclasses.replace(cfg, repeats=1)
     try:
-        prog.update(f"{tag}: starting", force=True)
-        t0 = time.perf_counter()
-        loader = spec["make"]()
-        entry["create_s"] = time.perf_counter() - t0
-        batch_size = cfg.batch_size
-
-        def on_batch(r: int, done: int, total: int) -> None:
-            prog.update(f"{tag}: loader only, repeat {r + 1}/{cfg.repeats}, batch {done}/{total}")
-
-        entry["loader_only"] = lo = measure_loader(loader, cfg, on_batch=on_batch)
-        med = lo["images_per_s"]["median"]
-        prog.line(
-            f"{tag}: loader only {med:,.0f} images/s "
-            f"(min {lo['images_per_s']['min']:,.0f}, max {lo['images_per_s']['max']:,.0f}; batch {batch_size})"
-        )
-        if cfg.train_steps > 0 and cfg.model != "none":
-
-            def on_step(done: int, total: int) -> None:
-                prog.update(f"{tag}: training {cfg.model}, step {done}/{total}")
-
-            entry["training"] = tr = measure_training(loader, cfg, num_classes, name=name, on_step=on_step)
-            prog.line(
-                f"{tag}: training {_f(tr['images_per_s'], ',.0f')} images/s, waiting "
-                f"{_pct(tr['wait_fraction'])} of each step ({tr['verdict']})"
+        for k, spec in enumerate(specs, 1):
+            entries.append(
+                {
+                    "name": spec["name"],
+                    "kind": spec["kind"],
+                    "params": _jsonable(spec["params"]),
+                    "create_s": None,
+                    "loader_only": None,
+                    "training": None,
+                    "error": None,
+                }
             )
-    except KeyboardInterrupt:
-        raise
-    except Exception as e:
-        entry["error"] = _error_text(e)
-        log.debug("loader %s failed", name, exc_info=True)
-        prog.line(f"{tag}: FAILED: {entry['error']}")
+            loader = None
+            try:
+                prog.update(f"[{k}/{n}] {spec['name']}: starting", force=True)
+                t0 = time.perf_counter()
+                loader = spec["make"]()
+                entries[-1]["create_s"] = time.perf_counter() - t0
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:
+                _fail(entries[-1], e, f"[{k}/{n}] {spec['name']}", prog)
+            loaders.append(loader)
+        for r in range(cfg.repeats):
+            for k, (spec, loader) in enumerate(zip(specs, loaders), 1):
+                entry = entries[k - 1]
+                if loader is None or entry["error"]:
+                    continue
+                tag = f"[{k}/{n}] {spec['name']}"
+
+                def on_batch(_r: int, done: int, total: int, tag: str = tag) -> None:
+                    prog.update(f"{tag}: loader only, repeat {r + 1}/{cfg.repeats}, batch {done}/{total}")
+
+                try:
+                    lo = measure_loader(loader, one, on_batch=on_batch)
+                except KeyboardInterrupt:
+                    raise
+                except Exception as e:
+                    _fail(entry, e, tag, prog)
+                    continue
+                runs[k - 1] += lo["images_per_s"]["runs"]
+                if not extra[k - 1]:
+                    extra[k - 1] = lo
+        for k, (spec, loader) in enumerate(zip(specs, loaders), 1):
+            entry = entries[k - 1]
+            if loader is None or entry["error"]:
+                continue
+            tag = f"[{k}/{n}] {spec['name']}"
+            lo = dict(extra[k - 1])
+            lo["images_per_s"] = _spread(runs[k - 1])
+            lo["repeats"] = cfg.repeats
+            entry["loader_only"] = lo
+            prog.line(
+                f"{tag}: loader only {lo['images_per_s']['median']:,.0f} images/s "
+                f"(min {lo['images_per_s']['min']:,.0f}, max {lo['images_per_s']['max']:,.0f}; batch {cfg.batch_size})"
+            )
+            if cfg.train_steps > 0 and cfg.model != "none":
+
+                def on_step(done: int, total: int, tag: str = tag) -> None:
+                    prog.update(f"{tag}: training {cfg.model}, step {done}/{total}")
+
+                try:
+                    entry["training"] = tr = measure_training(loader, cfg, num_classes, name=spec["name"], on_step=on_step)
+                except KeyboardInterrupt:
+                    raise
+                except Exception as e:
+                    _fail(entry, e, tag, prog)
+                    continue
+                prog.line(
+                    f"{tag}: training {_f(tr['images_per_s'], ',.0f')} images/s, waiting "
+                    f"{_pct(tr['wait_fraction'])} of each step ({tr['verdict']})"
+                )
     finally:
-        if loader is not None:
-            _close_loader(loader)
-    return entry
+        for loader in loaders:
+            if loader is not None:
+                _close_loader(loader)
+    return entries
+
+
+def _fail(entry: dict[str, Any], e: BaseException, tag: str, prog: Progress) -> None:
+    entry["error"] = _error_text(e)
+    log.debug("loader %s failed", entry["name"], exc_info=True)
+    prog.line(f"{tag}: FAILED: {entry['error']}")
 
 
 def _f(v: Any, spec: str) -> str:
