@@ -11,6 +11,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -456,8 +457,15 @@ def test_torchrun_two_ranks_equal_disjoint_complete(packed, tmp_path):
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
         str(worker), str(packed), str(tmp_path),
     ]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, r.stderr[-3000:]
+    # own process group: a hang (the failure this test exists to catch) is killed whole, workers included
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("torchrun ranks hung: unequal batch counts would block the all_reduce")
+    assert proc.returncode == 0, err[-3000:]
     shares = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(2)]
     for epoch in ("0", "1"):
         a, b = shares[0][epoch], shares[1][epoch]
