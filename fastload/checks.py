@@ -11,7 +11,7 @@ from typing import Any
 
 from .errors import CorruptDataError, FastloadError, FormatError
 from .format import LABELS_NAME, decode_header, record_payload
-from .reader import read_manifest
+from .reader import check_shard_structure, read_manifest
 from .writer import _Stats, file_sha256, iter_headers, iter_records, open_shard_readonly, pil_settings
 
 try:
@@ -151,9 +151,10 @@ def verify(path: str | os.PathLike, *, decode: bool = False) -> VerifyReport:
     labels = None
     lp = root / LABELS_NAME
     try:
-        raw = lp.read_bytes()
-        if len(raw) != 4 * m.num_samples:
-            problems.append(f"{lp}: {len(raw)} bytes, expected {4 * m.num_samples}")
+        size = lp.stat().st_size  # before reading: a replaced file may be huge
+        raw = lp.read_bytes() if size == 4 * m.num_samples else b""
+        if size != 4 * m.num_samples or len(raw) != size:
+            problems.append(f"{lp}: {size} bytes, expected {4 * m.num_samples}")
         elif hashlib.sha256(raw).hexdigest() != m.labels_sha256:
             problems.append(f"{lp}: SHA-256 differs from the manifest (labels altered)")
         else:
@@ -174,6 +175,10 @@ def verify(path: str | os.PathLike, *, decode: bool = False) -> VerifyReport:
             continue  # opening a short file through mmap can crash the process
         if file_sha256(p) != s.sha256:
             problems.append(f"bad shard {p}: SHA-256 differs from the manifest")
+            damage = check_shard_structure(p, size)
+            if damage:  # its records cannot be read safely: nothing more to learn from them
+                problems.append(f"bad shard {p}: damaged LMDB structure ({damage})")
+                continue
         bad: list[str] = []
         expected = s.first
         try:

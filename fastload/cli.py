@@ -1,7 +1,8 @@
 """The ``fastload`` command line: ``main(argv) -> int``.
 
-Every :class:`~fastload.errors.FastloadError` becomes one readable line on stderr
-and exit code 2 (``--debug`` shows the traceback). Ctrl-C exits with 130.
+Every :class:`~fastload.errors.FastloadError` (and any other failure) becomes one
+readable line on stderr and exit code 2 (``--debug`` shows the traceback). Ctrl-C
+exits with 130.
 
 Each subcommand lives in its own ``_add_<name>(sub)`` function that registers the
 parser and sets ``func`` to a handler ``(args) -> int``.
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import select
 import sys
 from typing import Sequence
 
@@ -43,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for add in _COMMANDS:
         add(sub)
+    p.commands = sorted(sub.choices)  # type: ignore[attr-defined]
     return p
 
 
@@ -80,7 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         _setup_logging(args.debug, args.quiet)
         if not getattr(args, "func", None):
-            parser.print_help(sys.stderr)
+            names = ", ".join(getattr(parser, "commands", []))
+            print(f"fastload: error: no command given; choose one of: {names} (see fastload --help)", file=sys.stderr)
             return 2
         return int(args.func(args) or 0)
     except _UsageError as e:
@@ -94,17 +99,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fastload: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        if _stdout_gone():  # `fastload inspect OUT | head`: the reader left early; nothing to report
+            return 141
+        if debug:
+            raise
+        print("fastload: error: broken pipe", file=sys.stderr)
+        return 2
     except OSError as e:
         if debug:
             raise
         where = f"{e.filename}: " if getattr(e, "filename", None) else ""
         print(f"fastload: error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
+    except Exception as e:  # a bug, or a failure nobody anticipated: still one line
+        if debug:
+            raise
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"fastload: error: unexpected {type(e).__name__}: {msg[:300]} (rerun with --debug for the traceback)", file=sys.stderr)
+        return 2
+
+
+def _stdout_gone() -> bool:
+    """True when stdout is a pipe whose reader has left; later writes then go to /dev/null."""
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        gone = any(ev & select.POLLERR for _, ev in poller.poll(0))
+        if gone:  # not even Python's own flush at exit may write to it
+            os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+        return gone
+    except (OSError, ValueError, AttributeError):  # not a real file (captured output), or no poll()
+        return False
 
 
 def main_entry() -> None:
     """Console-script entry point."""
-    sys.exit(main())
+    code = main()
+    if _stdout_gone():
+        code = code or 141
+    sys.exit(code)
 
 
 def _add_sample(sub) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import reprlib
 import struct
 import zlib
 from typing import Any, NamedTuple
@@ -46,6 +47,8 @@ KEY = struct.Struct(">Q")
 ENC_JPEG = 1
 ENC_PNG = 2
 ENCODINGS = {ENC_JPEG: "jpeg", ENC_PNG: "png"}
+#: Largest width or height each encoding can express.
+_MAX_SIDE = {ENC_JPEG: 65535, ENC_PNG: 2**31 - 1}
 
 #: Flag bits.
 FLAG_PROGRESSIVE = 1  # JPEG payload is progressive (the GPU's hardware decoder takes baseline only)
@@ -128,7 +131,7 @@ def decode_header(value: bytes | memoryview, *, where: str = "record") -> Record
 
     Raises:
         CorruptDataError: the value is too short, has a foreign magic, an unknown
-            version or encoding, or lengths that do not add up.
+            version or encoding, lengths that do not add up, or an impossible image size.
     """
     if len(value) < HEADER_SIZE:
         raise CorruptDataError(f"{where}: record is {len(value)} bytes, shorter than its {HEADER_SIZE}-byte header")
@@ -143,6 +146,8 @@ def decode_header(value: bytes | memoryview, *, where: str = "record") -> Record
         raise CorruptDataError(
             f"{where}: header says {HEADER_SIZE}+{pathlen}+{plen} bytes but the record has {len(value)}"
         )
+    if not (0 < w <= _MAX_SIDE[enc] and 0 < h <= _MAX_SIDE[enc]):  # the header is not covered by the CRC
+        raise CorruptDataError(f"{where}: header says the {ENCODINGS[enc]} image is {w}x{h}, an impossible size")
     return RecordHeader(enc, flags, label, w, h, ow, oh, crc, plen, pathlen)
 
 
@@ -179,10 +184,11 @@ class ShardInfo:
     def from_json(cls, d: Any, *, where: str) -> "ShardInfo":
         try:
             s = cls(str(d["file"]), int(d["first"]), int(d["count"]), int(d["bytes"]), str(d["sha256"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise FormatError(f"{where}: malformed shard entry {d!r}: {e}") from None
-        if s.first < 0 or s.count < 0 or s.bytes < 0 or "/" in s.file or "\\" in s.file or s.file.startswith("."):
-            raise FormatError(f"{where}: invalid shard entry {d!r}")
+        except (KeyError, TypeError, ValueError, OverflowError) as e:  # OverflowError: int(Infinity)
+            raise FormatError(f"{where}: malformed shard entry {reprlib.repr(d)}: {e}") from None
+        bad_name = not s.file or any(c in s.file for c in "/\\\0") or s.file.startswith(".")
+        if s.first < 0 or s.count < 0 or s.bytes < 0 or bad_name:
+            raise FormatError(f"{where}: invalid shard entry {reprlib.repr(d)}")
         return s
 
 
@@ -226,16 +232,18 @@ class Manifest:
         """Parse a manifest, refusing foreign formats and newer major versions."""
         try:
             d = json.loads(text)
+        except RecursionError:
+            raise FormatError(f"{where}: not valid JSON (nested too deeply); the dataset is damaged: pack it again") from None
         except (ValueError, UnicodeDecodeError) as e:
             raise FormatError(f"{where}: not valid JSON ({e}); the dataset is damaged: pack it again") from None
         if not isinstance(d, dict) or d.get("format") != FORMAT_NAME:
             fmt = d.get("format") if isinstance(d, dict) else type(d).__name__
-            raise FormatError(f"{where}: not a fastload manifest (format={fmt!r}); create one with `fastload pack`")
+            raise FormatError(f"{where}: not a fastload manifest (format={reprlib.repr(fmt)}); create one with `fastload pack`")
         version = d.get("version")
         try:
             major = int(str(version).split(".")[0])
         except ValueError:
-            raise FormatError(f"{where}: unreadable format version {version!r}") from None
+            raise FormatError(f"{where}: unreadable format version {reprlib.repr(version)}") from None
         if major > FORMAT_MAJOR:
             raise FormatError(
                 f"{where}: format version {version} is newer than this fastload reads ({FORMAT_VERSION}); "
@@ -263,7 +271,7 @@ class Manifest:
                 fastload_version=str(d.get("fastload_version", "")),
                 version=str(version),
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:  # OverflowError: int(Infinity)
             raise FormatError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from None
         m.validate(where=where)
         return m

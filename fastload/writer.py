@@ -89,6 +89,8 @@ PARTIAL_SUFFIX = ".partial"
 #: Records per write transaction, and bytes per transaction: fixed so files are reproducible.
 TXN_RECORDS = 256
 TXN_BYTES = 4 << 20
+#: How many times a shard's LMDB map may double while one transaction is written.
+MAX_MAP_DOUBLINGS = 8
 #: Tasks per chunk sent to a worker process.
 CHUNKSIZE = 16
 #: Bytes of EOF a JPEG's end-of-image marker is looked for in.
@@ -278,6 +280,8 @@ def _from_bytes(raw: bytes, opts: ImageOptions) -> tuple[bytes, int, int, int, i
     w, h = im.size
     _check_size(w, h, opts)
     if im.format in ("JPEG", "MPO"):
+        if _sof_marker(raw) in _SOF_HUFFMAN:  # PIL decodes a scan cut short into grey without a word
+            _check_jpeg_length(w, h, len(raw))
         return _from_jpeg(raw, im, opts)
     fmt = im.format or "image"
     try:
@@ -350,6 +354,37 @@ def _from_array(a: np.ndarray, opts: ImageOptions) -> tuple[bytes, int, int, int
 
 _SOF_PASSTHROUGH = {0xC0: False, 0xC1: False, 0xC2: True}  # SOF marker -> progressive (Huffman, 8-bit)
 _SOF_ANY = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+_SOF_HUFFMAN = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7}  # the others are arithmetic-coded
+
+
+def _check_jpeg_length(w: int, h: int, nbytes: int) -> None:
+    """Refuse a Huffman-coded JPEG too short for the size its header claims.
+
+    Every 8x8 block of the full-resolution component costs at least one bit (its DC
+    code), so a genuine ``w x h`` JPEG holds at least ``ceil(w/8) * ceil(h/8) / 8`` bytes.
+    A shorter file has a forged or truncated scan that decoders fill with grey.
+    """
+    need = (-(-w // 8)) * (-(-h // 8)) // 8
+    if nbytes < need:
+        raise _Refused(f"JPEG header claims {w}x{h} pixels but the file has only {nbytes} bytes (at least {need} needed): forged or truncated")
+
+
+def _sof_marker(b: bytes) -> int | None:
+    """The first SOFn marker of a JPEG, found by walking its segments (None if there is none)."""
+    i, n = 2, len(b)
+    while i + 4 <= n and b[i] == 0xFF:
+        m = b[i + 1]
+        if m == 0xFF:
+            i += 1
+        elif 0xD0 <= m <= 0xD8 or m == 0x01:
+            i += 2
+        elif m in _SOF_ANY:
+            return m
+        elif m in (0xD9, 0xDA):
+            return None
+        else:
+            i += 2 + ((b[i + 2] << 8) | b[i + 3])
+    return None
 
 
 def _exif_orientation(b: memoryview, t: int, end: int) -> int | None:
@@ -451,6 +486,10 @@ def _fast_file(task: Task, opts: ImageOptions) -> bytes | bytearray | tuple | No
         w, h, progressive = info
         if w * h > opts.max_pixels:
             return ("skip", where, f"decompression bomb: {w}x{h} pixels exceeds --max-pixels {opts.max_pixels}")
+        try:
+            _check_jpeg_length(w, h, size)
+        except _Refused as r:
+            return ("skip", where, str(r.args[0]))
         if (opts.max_size and max(w, h) > opts.max_size) or (opts.baseline and progressive):
             return None
         if b"\xff\xd9" not in bytes(payload[-EOI_WINDOW:]):
@@ -662,12 +701,14 @@ def file_sha256(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def _write_error(path: Path, e: BaseException) -> PackError:
-    msg = _short(e)
+def _write_error(path: Path, e: BaseException, what: str = "cannot write shard") -> PackError:
+    msg = e.strerror if isinstance(e, OSError) and e.strerror else _short(e)
     hint = ""
-    if isinstance(e, OSError) and e.errno == errno.ENOSPC or "No space left" in msg or "MDB_MAP_FULL" in msg:
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC or "No space left" in msg:
         hint = "; the disk is full: free space, then continue with --resume"
-    return PackError(f"{path}: cannot write shard: {msg}{hint}")
+    elif "MDB_MAP_FULL" in msg or "set_mapsize" in msg:
+        hint = "; the shard's LMDB memory map could not grow to hold it"
+    return PackError(f"{path}: {what}: {msg}{hint}")
 
 
 class ShardWriter:
@@ -766,12 +807,19 @@ class ShardWriter:
         if not self._pending:
             return
         assert self._env is not None and self._path is not None
+        grown = 0
         while True:
             try:
                 self._write_batch(self._env, self._pending)
                 break
-            except lmdb.MapFullError:
-                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+            except lmdb.MapFullError as e:
+                if grown >= MAX_MAP_DOUBLINGS:
+                    raise _write_error(self._path, e) from None
+                grown += 1
+                try:
+                    self._env.set_mapsize(self._env.info()["map_size"] * 2)
+                except (lmdb.Error, OSError) as e2:  # no address space for a larger map
+                    raise _write_error(self._path, e2) from None
             except (lmdb.Error, OSError) as e:
                 raise _write_error(self._path, e) from None
         self._committed = (self._env.info()["last_pgno"] + 1) * self._psize
@@ -802,11 +850,21 @@ class ShardWriter:
     def _complete(self, tmp: Path, final: Path, first: int, count: int, end: int, extra: Any, before: list) -> None:
         """fsync, hash and rename a closed shard, then report it (after the previous one)."""
         try:
-            syncer = threading.Thread(target=_fsync_file, args=(tmp,), daemon=True)
+            sync_errors: list[BaseException] = []
+
+            def sync() -> None:
+                try:
+                    _fsync_file(tmp)
+                except BaseException as e:  # a failed write-back (EIO, ENOSPC) fails the shard
+                    sync_errors.append(e)
+
+            syncer = threading.Thread(target=sync, daemon=True)
             syncer.start()  # the disk writes back while this thread hashes from the page cache
             size = tmp.stat().st_size
             digest = file_sha256(tmp)
             syncer.join()
+            if sync_errors:
+                raise sync_errors[0]
             for job in before:
                 job.join()
             if self._error is not None:
@@ -864,10 +922,17 @@ def open_shard_readonly(path: str | os.PathLike) -> Iterator[Any]:
 
     If this process already holds the file open through a :class:`fastload.Dataset`
     (py-lmdb refuses a second handle), that handle is shared and left open.
+
+    Raises:
+        CorruptDataError: the file's LMDB structure is damaged (reading it could crash).
+        lmdb.Error: LMDB cannot open the file.
     """
-    from .reader import _ENVS
+    from .reader import _ENVS, check_shard_structure
 
     p = str(path)
+    problem = check_shard_structure(p, os.stat(p).st_size)
+    if problem:  # LMDB would read outside the file (and die of SIGBUS): refuse instead
+        raise CorruptDataError(f"{p}: damaged shard ({problem})")
     shared = None
     try:
         env = lmdb.open(p, subdir=False, readonly=True, lock=False, readahead=False)
@@ -950,7 +1015,7 @@ class Journal:
                 int(s["end"]), int(s["skipped"])
         except FileNotFoundError:
             raise PackError(f"{directory}: no {JOURNAL_NAME}; it cannot be resumed: start over with --overwrite") from None
-        except (OSError, ValueError, KeyError, TypeError, FastloadError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError, FastloadError) as e:
             raise PackError(f"{p}: unreadable journal ({_short(e)}); start over with --overwrite") from None
         return j
 
@@ -1107,6 +1172,10 @@ def _options_json(shard_size: int, opts: ImageOptions) -> dict[str, Any]:
 
 def _prepare_partial(partial: Path, journal: Journal, resume: bool, overwrite: bool, stats: _Stats) -> Journal:
     """Create or reuse ``OUT.partial``; return the journal to continue from."""
+    if resume and partial.is_dir() and not (partial / JOURNAL_NAME).exists() and _partial_is_ours(partial):
+        # stopped between creating OUT.partial and writing its journal: nothing to reuse
+        log.info("%s holds no journal (the pack stopped before its first shard): starting it again", partial)
+        shutil.rmtree(partial)
     if partial.exists() or partial.is_symlink():
         if resume:
             old = Journal.load(partial)
@@ -1220,7 +1289,10 @@ def _run(
 
     def on_shard(info: ShardInfo, end: int, nskipped: int) -> None:  # runs in the writer's background thread
         journal.shards.append({**info.to_json(), "end": end, "skipped": nskipped})
-        journal.save(partial, skipped=skipped[:nskipped])
+        try:
+            journal.save(partial, skipped=skipped[:nskipped])
+        except OSError as e:
+            raise _write_error(partial / JOURNAL_NAME, e, f"cannot record {info.file}") from None
 
     writer = ShardWriter(
         partial, shard_size=size, first_shard=len(journal.shards), first_index=first_index,
@@ -1262,8 +1334,9 @@ def _run(
         raise
     except BaseException as e:
         writer.abort()
-        if partial.exists():
-            log.warning("pack stopped (%s); the unfinished pack is in %s: continue it with --resume", type(e).__name__, partial)
+        if partial.exists():  # a PackError says so itself: the CLI prints one line
+            level = logging.DEBUG if isinstance(e, PackError) else logging.WARNING
+            log.log(level, "pack stopped (%s); the unfinished pack is in %s: continue it with --resume", type(e).__name__, partial)
         raise
     result = PackResult(
         path=out_p,
@@ -1325,7 +1398,7 @@ def _finalize(
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except OSError as e:
-        raise PackError(f"{partial}: cannot finish the pack: {e.strerror or e}") from None
+        raise PackError(f"{partial}: cannot finish the pack: {e.strerror or e}; fix that, then continue with --resume") from None
     return manifest
 
 
