@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .augment import train_params
-from .errors import ConfigError, CorruptDataError, FastloadError, FormatError, LoaderError
+from .errors import ConfigError, FastloadError, FormatError, LoaderError
 from .pipeline import GraphSpec, build_pipeline, import_dali
 from .reader import Dataset
 from .sampler import Batch, EpochSampler
@@ -400,8 +400,15 @@ class FastLoader:
             try:
                 header, payload = ds.record(int(i))
             except FormatError as e:
-                reason = str(e).rsplit(": ", 1)[-1] if isinstance(e, CorruptDataError) else str(e)
-                raise LoaderError(f"{ds.where(int(i))}: {reason}") from None
+                # DALI asks for batches ahead of the consumer: remember the error with its batch,
+                # feed a placeholder, and raise when this batch's turn comes (after the good ones).
+                if batch.number not in run.errors:
+                    msg, prefix = str(e), f"{ds.location(int(i))}: "
+                    reason = msg[len(prefix) :] if msg.startswith(prefix) else msg
+                    run.errors[batch.number] = LoaderError(f"{ds.where(int(i))}: {reason}")
+                enc.append(_placeholder_jpeg())
+                widths[k], heights[k] = _PLACEHOLDER_SIDE, _PLACEHOLDER_SIDE
+                continue
             enc.append(np.frombuffer(payload, dtype=np.uint8))
             widths[k], heights[k] = header.width, header.height
         if not self.train:
@@ -463,6 +470,23 @@ def _first_undecodable(ds: Dataset, indices: Sequence[int]) -> tuple[int, str] |
     return None
 
 
+_PLACEHOLDER_SIDE = 16
+_PLACEHOLDER: list[np.ndarray] = []
+
+
+def _placeholder_jpeg() -> np.ndarray:
+    """A small valid JPEG that stands in for an unreadable record until its error is raised."""
+    if not _PLACEHOLDER:
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.new("RGB", (_PLACEHOLDER_SIDE, _PLACEHOLDER_SIDE), (128, 128, 128)).save(buf, "JPEG")
+        _PLACEHOLDER.append(np.frombuffer(buf.getvalue(), dtype=np.uint8))
+    return _PLACEHOLDER[0]
+
+
 def _host_finish(
     crops,
     flips: np.ndarray,
@@ -515,6 +539,7 @@ class _EpochRun:
         self._plan = loader.sampler.batches(epoch, start)
         self._inflight: collections.deque[Batch] = collections.deque()
         self.flips: collections.deque[np.ndarray] = collections.deque()  # host_finish only
+        self.errors: dict[int, LoaderError] = {}  # batch number -> the error to raise at its turn
         self._queue: queue.Queue = queue.Queue(maxsize=loader.prefetch)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._produce, name=f"fastload-epoch{epoch}", daemon=True)
@@ -548,6 +573,8 @@ class _EpochRun:
                 batch = self._inflight.popleft()
                 if self._stop.is_set():
                     continue  # drain what DALI already scheduled
+                if batch.number in self.errors:
+                    raise self.errors.pop(batch.number)
                 item = self._convert(outs[0], batch)
                 if not self._put(item):
                     continue

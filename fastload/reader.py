@@ -365,6 +365,11 @@ class Dataset:
     def _where(self, k: int, i: int) -> str:
         return f"{self.path / self.manifest.shards[k].file} sample {i}"
 
+    def location(self, index: int) -> str:
+        """``"<shard path> sample <index>"``: how the reader's own errors name a sample."""
+        i = self._index(index)
+        return self._where(bisect.bisect_right(self._firsts, i) - 1, i)
+
     def raw(self, index: int) -> tuple[RecordHeader, bytes, str]:
         """``(header, stored value, description)`` of one sample, validated against its header."""
         i = self._index(index)

@@ -120,7 +120,6 @@ def test_training_reports_shard_sample_and_source_path(packed, prefetch):
         fastload.Dataset(packed, check=True)[index]
 
 
-@pytest.mark.xfail(strict=True, reason="loader: the error surfaces prefetch-1 batches early; the good batches in flight are lost")
 def test_training_error_arrives_with_the_bad_batch_whatever_the_prefetch(packed):
     shard, at, length, _ = _locate(packed, 13)
     _flip(shard, at + length - 100)
