@@ -135,13 +135,14 @@ def test_epochs_differ_and_set_epoch_selects(packed):
         assert [idx for _, idx, _ in _epoch(loader)] == e1
 
 
-def test_same_seed_same_tensors(packed):
+@pytest.mark.parametrize("device", DEVICES)
+def test_same_seed_same_tensors(packed, device):
     outs = []
     for _ in range(2):
-        with FastLoader(packed, 8, device="cpu", crop=32, seed=11) as loader:
+        with FastLoader(packed, 8, device=device, crop=32, seed=11) as loader:
             outs.append([x.clone() for x, _ in loader])
     assert all(torch.equal(a, b) for a, b in zip(*outs))
-    with FastLoader(packed, 8, device="cpu", crop=32, seed=12) as loader:
+    with FastLoader(packed, 8, device=device, crop=32, seed=12) as loader:
         other = [x for x, _ in loader]
     assert not all(torch.equal(a, b) for a, b in zip(outs[0], other))
 
@@ -285,17 +286,18 @@ def test_eval_matches_pil_reference(tmp_path):
 # ----------------------------------------------------------------------------- resume
 
 
-def test_state_dict_resume_yields_exactly_the_rest(packed):
-    with FastLoader(packed, 5, device="cpu", crop=24, seed=4) as full:
+@pytest.mark.parametrize("device", DEVICES)
+def test_state_dict_resume_yields_exactly_the_rest(packed, device):
+    with FastLoader(packed, 5, device=device, crop=24, seed=4) as full:
         full.set_epoch(1)
         ref = [(x.clone(), y.clone()) for x, y in full]
-    with FastLoader(packed, 5, device="cpu", crop=24, seed=4) as a:
+    with FastLoader(packed, 5, device=device, crop=24, seed=4) as a:
         a.set_epoch(1)
         it = iter(a)
         first = [next(it) for _ in range(3)]
         state = json.loads(json.dumps(a.state_dict()))  # JSON-safe
     assert state["epoch"] == 1 and state["batches_done"] == 3
-    with FastLoader(packed, 5, device="cpu", crop=24, seed=4) as b:
+    with FastLoader(packed, 5, device=device, crop=24, seed=4) as b:
         b.load_state_dict(state)
         rest = list(b)
         assert b.epoch == 2
@@ -322,8 +324,9 @@ def _fastload_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("fastload")]
 
 
-def test_break_restart_and_close_leave_nothing(packed):
-    loader = FastLoader(packed, 4, device="cpu", crop=16)
+@pytest.mark.parametrize("device", DEVICES)
+def test_break_restart_and_close_leave_nothing(packed, device):
+    loader = FastLoader(packed, 4, device=device, crop=16)
     it = iter(loader)
     next(it)
     assert _fastload_threads()
@@ -403,11 +406,12 @@ def _flip_payload_byte(root: Path, index: int) -> str:
     return ds.source_path(index)
 
 
-def test_corrupt_record_is_raised_from_next_with_sample_and_path(packed, tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_corrupt_record_is_raised_from_next_with_sample_and_path(packed, tmp_path, device):
     bad = tmp_path / "bad"
     shutil.copytree(packed, bad)
     src = _flip_payload_byte(bad, 17)
-    with FastLoader(bad, 4, device="cpu", crop=16, shuffle=False) as loader:
+    with FastLoader(bad, 4, device=device, crop=16, shuffle=False) as loader:
         with pytest.raises(LoaderError) as e:
             for _ in loader:
                 pass
