@@ -156,6 +156,7 @@ def scan_folder(root: str | os.PathLike) -> FileSource:
         )
     items: list[FileItem] = []
     empty = []
+    prefix = os.path.join(top, "")  # every walked path starts with it: slice, not relpath (hot)
     for label, cls in enumerate(classes):
         cdir = os.path.join(top, cls)
         n0 = len(items)
@@ -163,7 +164,7 @@ def scan_folder(root: str | os.PathLike) -> FileSource:
             for fname in sorted(files):
                 if fname.lower().endswith(IMG_EXTENSIONS):
                     path = os.path.join(r, fname)
-                    items.append(FileItem(path, os.path.relpath(path, top), label))
+                    items.append(FileItem(path, path[len(prefix) :], label))
         if len(items) == n0:
             empty.append(cls)
     if not items:
