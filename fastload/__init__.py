@@ -7,7 +7,7 @@ augments JPEGs on the GPU through NVIDIA DALI and prefetches on a CUDA stream.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from .version import __version__
 
 from .errors import (
     BadImageError,
@@ -23,7 +23,7 @@ from .profile import profile
 from .checks import inspect, verify
 from .reader import Dataset
 from .sample import make_sample
-from .writer import PackResult, pack, pack_dataset
+from .packing import PackResult, pack, pack_dataset
 
 # FastLoader imports torch and DALI: load it on first use so that `fastload pack`
 # and `import fastload` stay light and work where DALI is not installed.

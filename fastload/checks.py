@@ -11,8 +11,9 @@ from typing import Any
 
 from .errors import CorruptDataError, FastloadError, FormatError
 from .format import LABELS_NAME, decode_header, record_payload
-from .reader import check_shard_structure, read_manifest
-from .writer import _Stats, file_sha256, iter_headers, iter_records, open_shard_readonly, pil_settings
+from .imaging import pil_settings
+from .reader import read_manifest
+from .store import HeaderStats, check_shard_structure, file_sha256, iter_headers, iter_records, open_shard_readonly
 
 try:
     import lmdb
@@ -35,7 +36,7 @@ def inspect(path: str | os.PathLike) -> dict[str, Any]:
     """
     root = Path(path)
     m = read_manifest(root)
-    stats = _Stats()
+    stats = HeaderStats()
     for s in m.shards:
         p = root / s.file
         try:

@@ -17,7 +17,7 @@ import select
 import sys
 from typing import Sequence
 
-from . import __version__
+from .version import __version__
 from .errors import FastloadError
 
 log = logging.getLogger("fastload")
@@ -161,14 +161,14 @@ def _add_sample(sub) -> None:
     def run(args) -> int:
         import time
 
-        from .sample import _read_marker, make_sample
+        from .sample import read_marker, make_sample
 
         t0 = time.perf_counter()
         out = make_sample(
             args.out, num_images=args.images, num_classes=args.classes, seed=args.seed,
             overwrite=args.overwrite, workers=args.workers,
         )
-        info = _read_marker(out) or {}
+        info = read_marker(out) or {}
         mb = info.get("bytes", 0) / 1e6
         print(f"sample: {args.images} images, {args.classes} classes, {mb:.1f} MB in {out} ({time.perf_counter() - t0:.1f} s)")
         return 0
@@ -205,7 +205,7 @@ def _add_pack(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     def run(args) -> int:
-        from .writer import pack
+        from .packing import pack
 
         res = pack(
             args.src, args.out, workers=args.workers, shard_size=args.shard_size, on_error=args.on_error,

@@ -16,7 +16,7 @@ import platform
 import sys
 from typing import Any
 
-from . import __version__
+from .version import __version__
 
 __all__ = ["diagnose", "format_report", "HW_DECODER_CAPABILITIES"]
 

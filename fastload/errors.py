@@ -65,3 +65,9 @@ class BadImageError(PackError):
 
 class LoaderError(FastloadError):
     """A batch could not be produced by the loader's background pipeline."""
+
+
+def short_message(e: BaseException) -> str:
+    """The first line of an exception's message (its type name if empty), at most 200 characters."""
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return msg[:200]

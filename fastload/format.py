@@ -156,6 +156,11 @@ def record_path(value: bytes | memoryview, header: RecordHeader) -> str:
     return bytes(value[HEADER_SIZE : HEADER_SIZE + header.path_len]).decode("utf-8", "surrogateescape")
 
 
+def json_path(s: str) -> str:
+    """A path made safe for JSON/UTF-8 (undecodable bytes shown as ``\\xNN``), as the manifest stores it."""
+    return s.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def record_payload(value: bytes | memoryview, header: RecordHeader, *, check: bool = False, where: str = "record") -> bytes:
     """The encoded image bytes of a record, optionally checked against its CRC-32."""
     payload = bytes(value[HEADER_SIZE + header.path_len :])

@@ -247,7 +247,7 @@ def make_sample(
     if out.exists() or out.is_symlink():
         if not out.is_dir():
             raise ConfigError(f"out {str(out)!r} exists and is not a directory; choose another path")
-        marker = _read_marker(out)
+        marker = read_marker(out)
         if marker is not None and marker.get("params") == params and not overwrite:
             log.info("reusing the sample dataset in %s (same parameters)", out)
             return out
@@ -309,7 +309,7 @@ def make_sample(
     return out
 
 
-def _read_marker(path: Path) -> dict | None:
+def read_marker(path: Path) -> dict | None:
     try:
         data = json.loads((path / SAMPLE_MARKER).read_text())
     except (OSError, ValueError):

@@ -16,7 +16,9 @@ from PIL import Image
 
 import fastload
 from fastload.bench import BenchConfig, default_workers, loader_spec, run_bench
-from fastload.bench.runner import Progress, measure_loader, resolve_images
+from fastload.bench.loaders import resolve_images
+from fastload.bench.measure import measure_loader
+from fastload.bench.runner import Progress
 from fastload.cli import main
 from fastload.errors import ConfigError
 

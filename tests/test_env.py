@@ -66,7 +66,7 @@ def test_import_does_not_load_dali(tmp_path):
     code = """
     import importlib, importlib.util, sys
     import fastload, fastload.cli
-    for m in ("fastload.writer", "fastload.sources", "fastload.reader", "fastload.format", "fastload.sample"):
+    for m in ("fastload.packing", "fastload.packing.run", "fastload.packing.sources", "fastload.store", "fastload.reader", "fastload.format", "fastload.sample"):
         if importlib.util.find_spec(m) is not None:
             importlib.import_module(m)
     fastload.cli.build_parser()

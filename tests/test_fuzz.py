@@ -285,7 +285,7 @@ tests, pristine, spec = sys.argv[1], sys.argv[2], json.loads(open(sys.argv[3]).r
 sys.path.insert(0, tests)
 import fastload
 from fastload import FastloadError
-from fastload import reader as _reader
+from fastload import store
 from conftest import decode_batch
 
 ref = fastload.Dataset(pristine)
@@ -326,10 +326,7 @@ for case in spec["cases"]:
         except BaseException as e:
             r = {"outcome": "CRASH", "type": type(e).__name__, "msg": traceback.format_exc()[-2000:]}
         print(json.dumps({"case": case, "reader": name, **r}), flush=True)
-    for env in list(_reader._ENVS.values()):  # keep the number of open files bounded
-        env.close()
-    _reader._ENVS.clear()
-    _reader._CHECKED.clear()
+    store.close_shared()  # keep the number of open files bounded
 """
 
 
@@ -473,7 +470,7 @@ import faulthandler, json, os, sys, shutil
 faulthandler.enable()
 import fastload
 from fastload import FastloadError
-from fastload import reader as _reader
+from fastload import store
 pristine, work, spec = sys.argv[1], sys.argv[2], json.loads(open(sys.argv[3]).read())
 ref = fastload.Dataset(pristine)
 good = [ref[i] for i in range(len(ref))]
@@ -504,10 +501,7 @@ for k, (off, xor) in enumerate(spec):
                 print(json.dumps({"UNNAMED": [off, xor, read, str(e)]}), flush=True)
         except BaseException as e:
             print(json.dumps({"CRASH": [off, xor, read, f"{type(e).__name__}: {e}"]}), flush=True)
-    for env in list(_reader._ENVS.values()):
-        env.close()
-    _reader._ENVS.clear()
-    _reader._CHECKED.clear()
+    store.close_shared()
 print("DONE " + json.dumps(counts), flush=True)
 """
 

@@ -35,7 +35,7 @@ import pytest
 
 import fastload
 from fastload import FormatError, PackError
-from fastload import writer
+from fastload.packing import journal, outdir, shards
 from fastload.cli import main
 from fastload.format import LABELS_NAME, MANIFEST_NAME
 
@@ -155,12 +155,12 @@ def test_kill_at_many_random_moments_then_resume(source, tmp_path):
 _WINDOWS = r"""
 import os, signal, sys
 from pathlib import Path
-import fastload.writer as w
+from fastload.packing import journal as j, outdir as o
 from fastload.cli import main
 
 mode, out, argv = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
 die = lambda: os.kill(os.getpid(), signal.SIGKILL)
-real_save, real_write, real_fsync_dir = w.Journal.save, w._atomic_write, w._fsync_dir
+real_save, real_write, real_fsync_dir = j.Journal.save, o.atomic_write, o.fsync_dir
 calls = []
 
 def save(self, directory, **kw):
@@ -181,7 +181,7 @@ def fsync_dir(path):
     if mode == "after-rename" and Path(path) == out.parent and out.exists():
         die()
 
-w.Journal.save, w._atomic_write, w._fsync_dir = save, atomic_write, fsync_dir
+j.Journal.save, o.atomic_write, o.fsync_dir = save, atomic_write, fsync_dir
 sys.exit(main(argv))
 """
 
@@ -272,13 +272,13 @@ def _fail_on(name: str, real):
 
 
 _STAGES = [
-    ("shard write", lambda mp: mp.setattr(writer.ShardWriter, "_write_batch", _enospc), r"out\.partial/shard-00000\.lmdb\.tmp: cannot write shard: .*No space left on device; the disk is full"),
+    ("shard write", lambda mp: mp.setattr(shards.ShardWriter, "_write_batch", _enospc), r"out\.partial/shard-00000\.lmdb\.tmp: cannot write shard: .*No space left on device; the disk is full"),
     # shards are synced in background threads, concurrently: the first to fail is named
-    ("shard fsync", lambda mp: mp.setattr(writer, "_fsync_file", _enospc), r"out\.partial/shard-0000\d\.lmdb\.tmp: cannot write shard: No space left on device; the disk is full"),
-    ("journal", lambda mp: mp.setattr(writer.Journal, "save", lambda self, d, **k: _enospc()), r"out\.partial: cannot create the output directory: No space left on device"),
-    ("journal update", lambda mp: mp.setattr(writer.Journal, "save", _fail_after(1, writer.Journal.save)), r"out\.partial/journal\.json: cannot record shard-00000\.lmdb: No space left on device; the disk is full"),
-    ("labels.bin", lambda mp: mp.setattr(writer, "_atomic_write", _fail_on(LABELS_NAME, writer._atomic_write)), r"out\.partial: cannot finish the pack: No space left on device; fix that, then continue with --resume"),
-    ("manifest.json", lambda mp: mp.setattr(writer, "_atomic_write", _fail_on(MANIFEST_NAME, writer._atomic_write)), r"out\.partial: cannot finish the pack: No space left on device; fix that, then continue with --resume"),
+    ("shard fsync", lambda mp: mp.setattr(shards, "fsync_file", _enospc), r"out\.partial/shard-0000\d\.lmdb\.tmp: cannot write shard: No space left on device; the disk is full"),
+    ("journal", lambda mp: mp.setattr(journal.Journal, "save", lambda self, d, **k: _enospc()), r"out\.partial: cannot create the output directory: No space left on device"),
+    ("journal update", lambda mp: mp.setattr(journal.Journal, "save", _fail_after(1, journal.Journal.save)), r"out\.partial/journal\.json: cannot record shard-00000\.lmdb: No space left on device; the disk is full"),
+    ("labels.bin", lambda mp: mp.setattr(outdir, "atomic_write", _fail_on(LABELS_NAME, outdir.atomic_write)), r"out\.partial: cannot finish the pack: No space left on device; fix that, then continue with --resume"),
+    ("manifest.json", lambda mp: mp.setattr(outdir, "atomic_write", _fail_on(MANIFEST_NAME, outdir.atomic_write)), r"out\.partial: cannot finish the pack: No space left on device; fix that, then continue with --resume"),
 ]  # fmt: skip
 
 
@@ -311,7 +311,7 @@ def test_full_lmdb_map_is_a_pack_error_not_a_hang(source, tmp_path, monkeypatch,
     def full(self, env, records):
         raise lmdb.MapFullError("mdb_put: MDB_MAP_FULL: Environment mapsize limit reached")
 
-    monkeypatch.setattr(writer.ShardWriter, "_write_batch", full)
+    monkeypatch.setattr(shards.ShardWriter, "_write_batch", full)
     t0 = time.monotonic()
     code = main(["pack", str(src), str(tmp_path / "out"), *PACK_ARGS])
     monkeypatch.undo()
@@ -331,7 +331,7 @@ def test_map_that_cannot_grow_is_a_pack_error(source, tmp_path, monkeypatch):
     import lmdb
 
     src, _, _ = source
-    real = writer.ShardWriter._write_batch
+    real = shards.ShardWriter._write_batch
     state = {"n": 0}
 
     def full_once(self, env, records):
@@ -352,13 +352,13 @@ def test_map_that_cannot_grow_is_a_pack_error(source, tmp_path, monkeypatch):
 
         set_mapsize = no_memory
 
-    real_open = writer.ShardWriter._open
+    real_open = shards.ShardWriter._open
 
     def open_(self):
         real_open(self)
         self._env = NoGrow(self._env)
 
-    monkeypatch.setattr(writer.ShardWriter, "_write_batch", full_once)
-    monkeypatch.setattr(writer.ShardWriter, "_open", open_)
+    monkeypatch.setattr(shards.ShardWriter, "_write_batch", full_once)
+    monkeypatch.setattr(shards.ShardWriter, "_open", open_)
     with pytest.raises(PackError, match=r"shard-00000\.lmdb\.tmp: cannot write shard: mdb_env_set_mapsize: Cannot allocate memory"):
         fastload.pack(src, tmp_path / "out", shard_size=SHARD_SIZE, workers=1, progress=False)

@@ -23,7 +23,7 @@ from PIL import Image
 
 import fastload
 from conftest import decode_color, encode_color, write_image
-from fastload import writer
+from fastload.packing import run, shards, workers
 from fastload.errors import BadImageError, ConfigError, CorruptDataError, FormatError, PackError
 from fastload.format import FLAG_CONVERTED, FLAG_ORIENTED, FLAG_PROGRESSIVE, FLAG_RESIZED, shard_name
 
@@ -355,7 +355,7 @@ class _Interrupt(BaseException):
 
 def _interrupt_after(monkeypatch, n: int) -> None:
     """Make the n-th image raise inside pack (like Ctrl-C mid-way)."""
-    real = writer._fast_file
+    real = workers.fast_file
     calls = {"n": 0}
 
     def fake(task, opts):
@@ -364,7 +364,7 @@ def _interrupt_after(monkeypatch, n: int) -> None:
             raise KeyboardInterrupt
         return real(task, opts)
 
-    monkeypatch.setattr(writer, "_fast_file", fake)
+    monkeypatch.setattr(workers, "fast_file", fake)
 
 
 def test_interrupt_then_resume_is_identical(tmp_path, make_folder, monkeypatch):
@@ -437,14 +437,14 @@ def test_resume_repacks_a_damaged_finished_shard(tmp_path, make_folder, monkeypa
 _KILL_SCRIPT = """
 import sys, time
 import fastload
-from fastload import writer
-real = writer._Results.__iter__
+from fastload.packing import workers
+real = workers.Results.__iter__
 def slow(self):
     for i, r in enumerate(real(self)):
         if i >= 40:
             time.sleep(0.02)
         yield r
-writer._Results.__iter__ = slow
+workers.Results.__iter__ = slow
 fastload.pack(sys.argv[1], sys.argv[2], shard_size="16KiB", workers=2, progress=False)
 """
 
@@ -479,7 +479,7 @@ def test_disk_full_is_a_pack_error_and_resumable(tmp_path, make_folder, monkeypa
     def full(self, env, records):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(writer.ShardWriter, "_write_batch", full)
+    monkeypatch.setattr(shards.ShardWriter, "_write_batch", full)
     with pytest.raises(PackError, match=r"out\.partial/shard-00000\.lmdb\.tmp: cannot write shard: .*No space left.*--resume"):
         pack(src, tmp_path / "out")
     monkeypatch.undo()
@@ -495,13 +495,13 @@ def test_disk_full_is_a_pack_error_and_resumable(tmp_path, make_folder, monkeypa
     [("1GB", 10**9), ("512MB", 512 * 10**6), ("64KiB", 65536), ("1.5G", 3 << 29), (" 2 mib ", 2 << 20), (4096, 4096), ("100", 100)],
 )
 def test_parse_size(value, expected):
-    assert writer.parse_size(value) == expected
+    assert run.parse_size(value) == expected
 
 
 @pytest.mark.parametrize("value", ["", "1XB", "-5", "0", 0, "GB", True, "1e9"])
 def test_parse_size_refuses(value):
     with pytest.raises(ConfigError, match="--shard-size"):
-        writer.parse_size(value)
+        run.parse_size(value)
 
 
 @pytest.mark.parametrize(
@@ -529,7 +529,7 @@ def test_progress_bar_on_a_tty(monkeypatch, capsys):
 
     err = Tty()
     monkeypatch.setattr(sys, "stderr", err)
-    bar = writer._Progress(total=100, done=0, enabled=True)
+    bar = run.Progress(total=100, done=0, enabled=True)
     bar.interval = 0.0
     bar.t0 -= 1.0
     bar.update(50, 5_000_000)
@@ -692,14 +692,14 @@ def test_a_dying_worker_is_an_error_not_a_hang(tmp_path, monkeypatch):
     src = tmp_path / "src"
     for i in range(20):
         write_image(src / "a" / f"{i:02d}.png", encode_color(0, i))
-    real = writer.process_task
+    real = workers.process_task
 
     def crash_on_13(task, opts):
         if task[3].endswith("13.png"):
             os._exit(3)  # like a segfault in a decoder
         return real(task, opts)
 
-    monkeypatch.setattr(writer, "process_task", crash_on_13)
+    monkeypatch.setattr(workers, "process_task", crash_on_13)
     t0 = time.monotonic()
     with pytest.raises(PackError, match=r"a worker process died while converting .*00\.png \.\. .*15\.png"):
         pack(src, tmp_path / "out", workers=2)

@@ -12,7 +12,7 @@ from PIL import Image
 
 from conftest import encode_color, write_image
 from fastload.errors import ConfigError
-from fastload.sources import IMG_EXTENSIONS, DatasetSource, open_source, read_list, scan_folder
+from fastload.packing.sources import IMG_EXTENSIONS, DatasetSource, open_source, read_list, scan_folder
 
 
 def _tree(root: Path) -> Path:

@@ -1,7 +1,7 @@
 """What to pack: an ImageFolder tree, a list file, or a Python map-style dataset.
 
 Every source turns into an ordered sequence of *tasks* that
-:mod:`fastload.writer` hands to worker processes. A task is a small tuple
+:mod:`fastload.packing.workers` hands to worker processes. A task is a small tuple
 ``(kind, data, label, name, where)``:
 
 * ``kind`` -- ``"file"`` (``data`` is a path to read), ``"bytes"`` (encoded image
@@ -31,7 +31,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 

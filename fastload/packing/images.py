@@ -1,0 +1,410 @@
+"""One image to its stored form: JPEG header scan, EXIF orientation, conversion, resize, limits.
+
+Plain 8-bit RGB Huffman JPEGs with no rotation are stored byte for byte; their header is
+walked without decoding (:func:`scan_jpeg`, :func:`fast_file`). Everything else is decoded
+with PIL and becomes an upright 8-bit RGB JPEG (:func:`process_task`). A refused image is
+``("skip", where, reason)``, never an exception.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import struct
+import zlib
+from typing import Any
+
+import numpy as np
+
+from ..errors import short_message
+from ..format import (
+    ENC_JPEG,
+    FLAG_CONVERTED,
+    FLAG_ORIENTED,
+    FLAG_PROGRESSIVE,
+    FLAG_RESIZED,
+    HEADER,
+    HEADER_SIZE,
+    RECORD_MAGIC,
+    RECORD_VERSION,
+    encode_record,
+)
+from .sources import Task
+
+#: Bytes of EOF a JPEG's end-of-image marker is looked for in.
+EOI_WINDOW = 64
+
+_EXIF_ORIENTATION = 0x0112
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageOptions:
+    """What :func:`process_task` does to each image (sent to the workers)."""
+
+    max_size: int | None = None
+    quality: int = 95
+    baseline: bool = False
+    max_pixels: int = 89_478_485
+
+
+
+# ============================================================================ per-image work
+
+
+class _Refused(Exception):
+    """An image cannot be packed; ``args[0]`` is the short reason."""
+
+
+_TRANSPOSE = {2: 0, 3: 3, 4: 1, 5: 5, 6: 4, 7: 6, 8: 2}  # orientation -> PIL.Image.Transpose value (as exif_transpose)
+
+
+def _orientation(im: Any) -> int:
+    try:
+        o = im.getexif().get(_EXIF_ORIENTATION, 1)
+    except Exception:  # malformed EXIF: decoders ignore it as well
+        return 1
+    return o if isinstance(o, int) and o in _TRANSPOSE else 1
+
+
+def _target_size(w: int, h: int, max_size: int) -> tuple[int, int]:
+    s = max_size / max(w, h)
+    return max(1, round(w * s)), max(1, round(h * s))
+
+
+def _to_rgb(im: Any) -> Any:
+    """8-bit RGB: 16-bit samples scaled by >> 8 (not clipped), alpha dropped as ``convert("RGB")``."""
+    from PIL import Image
+
+    mode = im.mode
+    if mode == "RGB":
+        return im
+    if mode.startswith("I;16") or mode == "I":
+        a = np.asarray(im).astype(np.int64) >> 8
+        return Image.fromarray(np.clip(a, 0, 255).astype(np.uint8), "L").convert("RGB")
+    if mode == "F":
+        return im.convert("L").convert("RGB")
+    return im.convert("RGB")
+
+
+def _encode_jpeg(im: Any, quality: int) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def _check_size(w: int, h: int, opts: ImageOptions) -> None:
+    if w <= 0 or h <= 0:
+        raise _Refused(f"invalid image size {w}x{h}")
+    if w * h > opts.max_pixels:
+        raise _Refused(f"decompression bomb: {w}x{h} pixels exceeds --max-pixels {opts.max_pixels}")
+
+
+def _finish(im: Any, opts: ImageOptions, flags: int, orientation: int, orig: tuple[int, int]) -> tuple[bytes, int, int, int]:
+    """Orient, convert to RGB, shrink, encode as JPEG: ``(payload, flags, width, height)``.
+
+    The stored size depends only on the source size ``orig`` (never on a JPEG draft).
+    """
+    from PIL import Image
+
+    if orientation != 1:
+        im = im.transpose(Image.Transpose(_TRANSPOSE[orientation]))
+        flags |= FLAG_ORIENTED
+    im = _to_rgb(im)
+    if opts.max_size and max(orig) > opts.max_size:
+        tw, th = _target_size(orig[0], orig[1], opts.max_size)
+        target = (th, tw) if orientation in (5, 6, 7, 8) else (tw, th)
+        if im.size != target:
+            im = im.resize(target, Image.Resampling.LANCZOS)
+        flags |= FLAG_RESIZED
+    return _encode_jpeg(im, opts.quality), flags & ~FLAG_PROGRESSIVE, im.size[0], im.size[1]
+
+
+_SIGNATURES = (
+    (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF8", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"),
+    (b"RIFF", "WebP"),
+)  # fmt: skip
+
+
+def _from_bytes(raw: bytes, opts: ImageOptions) -> tuple[bytes, int, int, int, int, int]:
+    """``(payload, flags, width, height, orig_width, orig_height)`` of an encoded image."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not raw:
+        raise _Refused("zero-byte file")
+    is_jpeg = raw[:3] == b"\xff\xd8\xff"
+    try:
+        im = Image.open(io.BytesIO(raw))
+    except UnidentifiedImageError:
+        if is_jpeg:
+            raise _Refused("truncated or corrupt JPEG (cannot parse its header)") from None
+        kind = next((k for sig, k in _SIGNATURES if raw.startswith(sig)), None)
+        if kind:
+            raise _Refused(f"corrupt {kind} (cannot identify image file)") from None
+        raise _Refused("not an image (cannot identify image file)") from None
+    except Exception as e:
+        if is_jpeg and "truncated" in str(e).lower():
+            raise _Refused("truncated JPEG (its header is cut short)") from None
+        raise _Refused(f"corrupt {'JPEG' if is_jpeg else 'image'} header ({short_message(e)})") from None
+    w, h = im.size
+    _check_size(w, h, opts)
+    if im.format in ("JPEG", "MPO"):
+        if _sof_marker(raw) in _SOF_HUFFMAN:  # PIL decodes a scan cut short into grey without a word
+            _check_jpeg_length(w, h, len(raw))
+        return _from_jpeg(raw, im, opts)
+    fmt = im.format or "image"
+    try:
+        im.load()
+    except Exception as e:
+        what = "truncated" if "truncated" in str(e) else "corrupt"
+        raise _Refused(f"{what} {fmt} ({short_message(e)})") from None
+    payload, flags, sw, sh = _finish(im, opts, FLAG_CONVERTED, _orientation(im), (w, h))
+    return payload, flags, sw, sh, w, h
+
+
+def _from_jpeg(raw: bytes, im: Any, opts: ImageOptions) -> tuple[bytes, int, int, int, int, int]:
+    w, h = im.size
+    loaded = False
+    if b"\xff\xd9" not in raw[-EOI_WINDOW:]:
+        # No EOI at the end: truncated, or (rarely) data appended after the image. Decode to tell.
+        try:
+            im.load()
+            loaded = True
+        except Exception:
+            raise _Refused("truncated JPEG (no end-of-image marker)") from None
+    orientation = _orientation(im)
+    progressive = bool(im.info.get("progressive") or im.info.get("progression"))
+    shrink = bool(opts.max_size) and max(w, h) > opts.max_size  # type: ignore[operator]
+    plain = im.mode == "RGB" and getattr(im, "bits", 8) == 8
+    if plain and orientation == 1 and not shrink and not (opts.baseline and progressive):
+        return raw, (FLAG_PROGRESSIVE if progressive else 0), w, h, w, h
+    flags = 0
+    if not plain or (opts.baseline and progressive):
+        flags |= FLAG_CONVERTED
+    if shrink and not loaded:  # DCT-domain pre-shrink to at least the target size; LANCZOS does the rest
+        im.draft(None, _target_size(w, h, opts.max_size))  # type: ignore[arg-type]
+    try:
+        im.load()
+    except Exception as e:
+        raise _Refused(f"corrupt JPEG ({short_message(e)})") from None
+    payload, flags, sw, sh = _finish(im, opts, flags, orientation, (w, h))
+    return payload, flags, sw, sh, w, h
+
+
+def _from_pil(im: Any, opts: ImageOptions) -> tuple[bytes, int, int, int, int, int]:
+    w, h = im.size
+    _check_size(w, h, opts)
+    try:
+        im.load()
+    except Exception as e:
+        raise _Refused(f"cannot load PIL image ({short_message(e)})") from None
+    payload, flags, sw, sh = _finish(im, opts, FLAG_CONVERTED, _orientation(im), (w, h))
+    return payload, flags, sw, sh, w, h
+
+
+def _from_array(a: np.ndarray, opts: ImageOptions) -> tuple[bytes, int, int, int, int, int]:
+    from PIL import Image
+
+    if a.dtype != np.uint8:
+        raise _Refused(f"array dtype {a.dtype} is not uint8")
+    if a.ndim == 3 and a.shape[2] == 1:
+        a = a[:, :, 0]
+    if not (a.ndim == 2 or (a.ndim == 3 and a.shape[2] in (3, 4))):
+        raise _Refused(f"array shape {a.shape} is not HxW, HxWx1, HxWx3 or HxWx4")
+    h, w = a.shape[:2]
+    _check_size(w, h, opts)
+    mode = "L" if a.ndim == 2 else ("RGB" if a.shape[2] == 3 else "RGBA")
+    im = Image.fromarray(np.ascontiguousarray(a), mode)
+    payload, flags, sw, sh = _finish(im, opts, FLAG_CONVERTED, 1, (w, h))
+    return payload, flags, sw, sh, w, h
+
+
+# -- the fast path: a JPEG stored byte for byte, checked without PIL -------------------------
+
+_SOF_PASSTHROUGH = {0xC0: False, 0xC1: False, 0xC2: True}  # SOF marker -> progressive (Huffman, 8-bit)
+_SOF_ANY = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+_SOF_HUFFMAN = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7}  # the others are arithmetic-coded
+
+
+def _check_jpeg_length(w: int, h: int, nbytes: int) -> None:
+    """Refuse a Huffman-coded JPEG too short for the size its header claims.
+
+    Every 8x8 block of the full-resolution component costs at least one bit (its DC
+    code), so a genuine ``w x h`` JPEG holds at least ``ceil(w/8) * ceil(h/8) / 8`` bytes.
+    A shorter file has a forged or truncated scan that decoders fill with grey.
+    """
+    need = (-(-w // 8)) * (-(-h // 8)) // 8
+    if nbytes < need:
+        raise _Refused(f"JPEG header claims {w}x{h} pixels but the file has only {nbytes} bytes (at least {need} needed): forged or truncated")
+
+
+def _sof_marker(b: bytes) -> int | None:
+    """The first SOFn marker of a JPEG, found by walking its segments (None if there is none)."""
+    i, n = 2, len(b)
+    while i + 4 <= n and b[i] == 0xFF:
+        m = b[i + 1]
+        if m == 0xFF:
+            i += 1
+        elif 0xD0 <= m <= 0xD8 or m == 0x01:
+            i += 2
+        elif m in _SOF_ANY:
+            return m
+        elif m in (0xD9, 0xDA):
+            return None
+        else:
+            i += 2 + ((b[i + 2] << 8) | b[i + 3])
+    return None
+
+
+def _exif_orientation(b: memoryview, t: int, end: int) -> int | None:
+    """Orientation from the TIFF structure of an Exif APP1 segment (1 if absent, None if unreadable)."""
+    if end - t < 8:
+        return None
+    order = bytes(b[t : t + 2])
+    e = "<" if order == b"II" else ">" if order == b"MM" else None
+    if e is None:
+        return None
+    (ifd,) = struct.unpack_from(e + "I", b, t + 4)
+    p = t + ifd
+    if ifd < 8 or p + 2 > end:
+        return None
+    (count,) = struct.unpack_from(e + "H", b, p)
+    p += 2
+    if p + 12 * count > end:
+        return None
+    for k in range(count):
+        tag, typ = struct.unpack_from(e + "HH", b, p + 12 * k)
+        if tag == _EXIF_ORIENTATION:
+            return struct.unpack_from(e + "H", b, p + 12 * k + 8)[0] if typ == 3 else None
+    return 1
+
+
+def scan_jpeg(b: memoryview) -> tuple[int, int, bool] | None:
+    """``(width, height, progressive)`` of a plain JPEG that can be stored byte for byte.
+
+    Walks the marker segments up to the first scan (no decoding). Returns None for
+    anything else -- not a JPEG, not 3-component 8-bit Huffman (grayscale, CMYK,
+    12-bit, lossless, arithmetic), an EXIF orientation other than 1, a malformed or
+    unusual structure -- which then takes the full PIL path.
+    """
+    n = len(b)
+    if n < 4 or b[0] != 0xFF or b[1] != 0xD8:
+        return None
+    i, sof, orientation, exif_seen = 2, None, 1, False
+    while i + 4 <= n:
+        if b[i] != 0xFF:
+            return None
+        m = b[i + 1]
+        if m == 0xFF:  # fill byte
+            i += 1
+            continue
+        if 0xD0 <= m <= 0xD8 or m == 0x01:  # parameterless markers
+            i += 2
+            continue
+        length = (b[i + 2] << 8) | b[i + 3]
+        if length < 2 or i + 2 + length > n:
+            return None
+        if m == 0xDA:  # start of scan: the header is complete
+            if sof is None or orientation != 1:
+                return None
+            return sof
+        if m in _SOF_ANY:
+            if m not in _SOF_PASSTHROUGH or sof is not None or length < 8:
+                return None
+            precision, h, w, ncomp = struct.unpack_from(">BHHB", b, i + 4)
+            if precision != 8 or ncomp != 3 or w == 0 or h == 0:
+                return None
+            sof = (w, h, _SOF_PASSTHROUGH[m])
+        elif m == 0xE1 and not exif_seen and bytes(b[i + 4 : i + 10]) == b"Exif\0\0":
+            exif_seen = True  # the first Exif segment counts, as in PIL
+            o = _exif_orientation(b, i + 10, i + 2 + length)
+            if o is None:
+                return None
+            orientation = o
+        elif m == 0xD9:
+            return None
+        i += 2 + length
+    return None
+
+
+def fast_file(task: Task, opts: ImageOptions) -> bytes | bytearray | tuple | None:
+    """The record of a plain JPEG file read straight into the record buffer, a
+    ``("skip", ...)`` for an unreadable or empty file, or None: take the full path."""
+    _kind, path, label, name, where = task
+    path_b = name.encode("utf-8", "surrogateescape")[:65535]
+    off = HEADER_SIZE + len(path_b)
+    try:
+        with open(path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                return ("skip", where, "zero-byte file")
+            if os.pread(f.fileno(), 3, 0) != b"\xff\xd8\xff":
+                return None  # not a JPEG: a worker reads it
+            buf = bytearray(off + size)
+            with memoryview(buf) as view:
+                got = f.readinto(view[off:])
+            if got != size or f.read(1):
+                return None  # the file is changing: let the full path read it
+    except OSError as e:
+        return ("skip", where, f"unreadable ({e.strerror or e})")
+    with memoryview(buf) as view:
+        payload = view[off:]
+        info = scan_jpeg(payload)
+        if info is None:
+            return None
+        w, h, progressive = info
+        if w * h > opts.max_pixels:
+            return ("skip", where, f"decompression bomb: {w}x{h} pixels exceeds --max-pixels {opts.max_pixels}")
+        try:
+            _check_jpeg_length(w, h, size)
+        except _Refused as r:
+            return ("skip", where, str(r.args[0]))
+        if (opts.max_size and max(w, h) > opts.max_size) or (opts.baseline and progressive):
+            return None
+        if b"\xff\xd9" not in bytes(payload[-EOI_WINDOW:]):
+            return None  # truncated, or data after the image: the full path decodes to tell
+        crc = zlib.crc32(payload)
+        del payload
+    flags = FLAG_PROGRESSIVE if progressive else 0
+    HEADER.pack_into(buf, 0, RECORD_MAGIC, RECORD_VERSION, ENC_JPEG, flags, label, w, h, w, h, crc, size, len(path_b), 0)
+    buf[HEADER_SIZE:off] = path_b
+    return buf
+
+
+# -- the full path ------------------------------------------------------------------------------
+
+
+def _record(out: tuple[bytes, int, int, int, int, int], label: int, name: str) -> bytes:
+    payload, flags, sw, sh, ow, oh = out
+    return encode_record(
+        payload, label=label, encoding=ENC_JPEG, width=sw, height=sh, orig_width=ow, orig_height=oh, flags=flags, path=name
+    )
+
+
+def process_task(task: Task, opts: ImageOptions) -> bytes | tuple:
+    """Validate and encode one image with PIL: the record value, or ``("skip", path, reason)``.
+
+    JPEG headers are parsed by ``PIL.Image.open`` without decoding (a JPEG with no
+    end-of-image marker near its end is decoded to tell truncation from trailing
+    data); every other image is decoded. Call inside :func:`pil_settings`.
+    """
+    kind, data, label, name, where = task
+    try:
+        if kind == "file":
+            try:
+                with open(data, "rb") as f:
+                    raw = f.read()
+            except OSError as e:
+                raise _Refused(f"unreadable ({e.strerror or e})") from None
+            return _record(_from_bytes(raw, opts), label, name)
+        if kind == "bytes":
+            return _record(_from_bytes(data, opts), label, name)
+        if kind == "pil":
+            return _record(_from_pil(data, opts), label, name)
+        if kind == "array":
+            return _record(_from_array(data, opts), label, name)
+        raise _Refused(str(data))  # "error": the item could not be fetched
+    except _Refused as r:
+        return ("skip", where, str(r.args[0]))
+    except MemoryError:
+        return ("skip", where, "out of memory while decoding (lower --max-pixels?)")

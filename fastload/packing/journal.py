@@ -1,0 +1,100 @@
+"""The resume journal of an unfinished pack, and the fsync/atomic-write helpers it relies on."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import FastloadError, PackError, short_message
+from ..format import ShardInfo
+
+JOURNAL_NAME = "journal.json"
+JOURNAL_FORMAT = "fastload-journal"
+JOURNAL_VERSION = 1
+
+
+# ============================================================================ shard writing
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+
+# ============================================================================ journal and stats
+
+
+@dataclasses.dataclass
+class Journal:
+    """``OUT.partial/journal.json``: how far an unfinished pack got (JSON, no pickle)."""
+
+    source: str
+    source_fingerprint: str
+    options: dict[str, Any]
+    shards: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # ShardInfo + end + skipped
+    skipped: list[dict[str, str]] = dataclasses.field(default_factory=list)
+
+    @property
+    def position(self) -> int:
+        return int(self.shards[-1]["end"]) if self.shards else 0
+
+    def save(self, directory: Path, *, skipped: list[dict[str, str]] | None = None) -> None:
+        d = {
+            "format": JOURNAL_FORMAT,
+            "version": JOURNAL_VERSION,
+            "source": self.source,
+            "source_fingerprint": self.source_fingerprint,
+            "options": self.options,
+            "position": self.position,
+            "shards": self.shards,
+            "skipped": self.skipped if skipped is None else skipped,
+        }
+        atomic_write(directory / JOURNAL_NAME, (json.dumps(d, indent=1, ensure_ascii=True) + "\n").encode())
+
+    @classmethod
+    def load(cls, directory: Path) -> "Journal":
+        p = directory / JOURNAL_NAME
+        try:
+            d = json.loads(p.read_bytes())
+            if d.get("format") != JOURNAL_FORMAT or int(d.get("version", 0)) != JOURNAL_VERSION:
+                raise ValueError(f"format {d.get('format')!r} version {d.get('version')!r}")
+            j = cls(str(d["source"]), str(d["source_fingerprint"]), dict(d["options"]), list(d["shards"]), list(d["skipped"]))
+            for s in j.shards:
+                ShardInfo.from_json(s, where=str(p))
+                int(s["end"]), int(s["skipped"])
+        except FileNotFoundError:
+            raise PackError(f"{directory}: no {JOURNAL_NAME}; it cannot be resumed: start over with --overwrite") from None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError, FastloadError) as e:
+            raise PackError(f"{p}: unreadable journal ({short_message(e)}); start over with --overwrite") from None
+        return j
