@@ -18,7 +18,7 @@ import sys
 from typing import Sequence
 
 from .version import __version__
-from .errors import FastloadError
+from .errors import FastloadError, printable
 
 log = logging.getLogger("fastload")
 
@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FastloadError as e:
         if debug:
             raise
-        print(f"fastload: error: {e}", file=sys.stderr)
+        print(f"fastload: error: {printable(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fastload: interrupted", file=sys.stderr)
@@ -110,13 +110,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             raise
         where = f"{e.filename}: " if getattr(e, "filename", None) else ""
-        print(f"fastload: error: {where}{e.strerror or e}", file=sys.stderr)
+        print(printable(f"fastload: error: {where}{e.strerror or e}"), file=sys.stderr)
         return 2
     except Exception as e:  # a bug, or a failure nobody anticipated: still one line
         if debug:
             raise
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"fastload: error: unexpected {type(e).__name__}: {msg[:300]} (rerun with --debug for the traceback)", file=sys.stderr)
+        print(printable(f"fastload: error: unexpected {type(e).__name__}: {msg[:300]} (rerun with --debug for the traceback)"), file=sys.stderr)
         return 2
 
 

@@ -67,6 +67,21 @@ class LoaderError(FastloadError):
     """A batch could not be produced by the loader's background pipeline."""
 
 
+def printable(text: str) -> str:
+    """``text`` with control characters (ANSI escapes, newlines, NUL, C1 codes) and lone
+    surrogates from undecodable names escaped as ``\\xNN``/``\\uNNNN``, safe to print on one line."""
+    out = []
+    for ch in text:
+        o = ord(ch)
+        if o < 0x20 or 0x7F <= o < 0xA0:
+            out.append(f"\\x{o:02x}")
+        elif 0xD800 <= o < 0xE000:
+            out.append(f"\\x{o - 0xDC00:02x}" if 0xDC80 <= o < 0xDD00 else f"\\u{o:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
 def short_message(e: BaseException) -> str:
     """The first line of an exception's message (its type name if empty), at most 200 characters."""
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -10,17 +10,26 @@ consumer's current stream waits on that event before the batch is handed over, a
 the tensors are marked with ``record_stream`` so the allocator never reuses them early.
 Any error in the background (a corrupt record, a failed decode) is raised from
 ``__next__`` with the sample index and its source path; it never hangs.
+
+Lifetime: the thread and DALI's callback hold only a :class:`_Core` (the dataset, the
+settings, the pipeline), never the :class:`FastLoader`, so a loader nobody references
+is collected; ``weakref.finalize`` then stops its thread and frees its pipeline, and
+does the same at interpreter exit for loaders still alive, so a script that breaks out
+of a loop exits cleanly. An iterator that is dropped stops its thread the same way.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
+import contextlib
 import logging
 import math
+import operator
 import os
 import queue
 import threading
-from pathlib import Path
+import weakref
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -40,6 +49,24 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 STATE_VERSION = 1
 _END = object()
 
+# Every live loader's core, closed by an exit hook registered right after DALI is imported:
+# atexit runs hooks last-in first-out, so ours runs before DALI's own shutdown of its
+# pipelines, while no fastload thread may still be running one.
+_LIVE_CORES: "weakref.WeakSet[_Core]" = weakref.WeakSet()
+_EXIT_HOOK: list[bool] = []
+
+
+def _close_live_cores() -> None:
+    for core in list(_LIVE_CORES):
+        with contextlib.suppress(Exception):
+            core.close()
+
+
+def _register_exit_hook() -> None:
+    if not _EXIT_HOOK:
+        atexit.register(_close_live_cores)
+        _EXIT_HOOK.append(True)
+
 
 class _Failure:
     def __init__(self, exc: BaseException) -> None:
@@ -51,6 +78,27 @@ def _cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - non-Linux
         return os.cpu_count() or 1
+
+
+def _as_int(name: str, value: Any, *, lo: int | None = None, hi: int | None = None, hint: str = "") -> int:
+    """``value`` as an int through ``operator.index`` (numpy and 0-d tensor integers too, never bool)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        v = operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be an int{hint}, got {value!r}") from None
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]" if lo is not None else f"<= {hi}"
+        raise ConfigError(f"{name} must be an int {rng}{hint}, got {value!r}")
+    return v
+
+
+#: The largest ``crop``/``resize`` side accepted: far above any training resolution, and
+#: small enough that one image of a batch stays a bounded allocation (3 x 8192^2 x 4 B = 805 MB).
+MAX_SIDE = 8192
+#: The most DALI CPU threads one loader may ask for.
+MAX_THREADS = 256
 
 
 def _check_pair(name: str, value: Any, *, lo: float, hi: float | None = None) -> tuple[float, float]:
@@ -94,7 +142,7 @@ def _resolve_device(device: Any) -> torch.device:
     return torch.device("cuda", index)
 
 
-def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
+def _dist_defaults(rank: Any, world_size: Any) -> tuple[int, int]:
     if rank is None and world_size is None:
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():
@@ -102,11 +150,12 @@ def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
         return 0, 1
     if rank is None or world_size is None:
         raise ConfigError(f"give both rank and world_size or neither, got rank={rank!r}, world_size={world_size!r}")
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ConfigError(f"world_size must be an int >= 1, got {world_size!r}")
-    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
-        raise ConfigError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
-    return rank, world_size
+    ws = _as_int("world_size", world_size, lo=1)
+    try:
+        r = _as_int("rank", rank, lo=0, hi=ws - 1)
+    except ConfigError:
+        raise ConfigError(f"rank must be an int in [0, world_size={ws}), got {rank!r}") from None
+    return r, ws
 
 
 class FastLoader:
@@ -161,14 +210,11 @@ class FastLoader:
         check: bool = True,
     ) -> None:
         # ---- validate everything before touching the disk or DALI
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
-        if not isinstance(crop, int) or isinstance(crop, bool) or crop < 1:
-            raise ConfigError(f"crop must be a positive int (pixels), got {crop!r}")
+        batch_size = _as_int("batch_size", batch_size, lo=1, hint=" (samples per batch)")
+        crop = _as_int("crop", crop, lo=1, hi=MAX_SIDE, hint=" (pixels)")
         if resize is None:
             resize = int(round(crop / 0.875))
-        if not isinstance(resize, int) or isinstance(resize, bool) or resize < crop:
-            raise ConfigError(f"resize must be an int >= crop ({crop}), got {resize!r}")
+        resize = _as_int("resize", resize, lo=crop, hi=2 * MAX_SIDE, hint=f" (>= crop {crop})")
         scale_t = _check_pair("scale", scale, lo=0.0, hi=1.0)
         if scale_t[1] <= 0:
             raise ConfigError(f"scale must have max > 0, got {scale!r}")
@@ -185,12 +231,10 @@ class FastLoader:
         std_t = None if std is None else _check_triple("std", std, positive=True)
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise ConfigError(f"dtype must be torch.float32, torch.float16 or torch.bfloat16, got {dtype!r}")
-        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1:
-            raise ConfigError(f"prefetch must be an int >= 1, got {prefetch!r}")
-        if num_threads is not None and (not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 1):
-            raise ConfigError(f"num_threads must be a positive int or None, got {num_threads!r}")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise ConfigError(f"seed must be an int, got {seed!r}")
+        prefetch = _as_int("prefetch", prefetch, lo=1, hi=64, hint=" (batches in flight)")
+        if num_threads is not None:
+            num_threads = _as_int("num_threads", num_threads, lo=1, hi=MAX_THREADS, hint=" or None")
+        seed = _as_int("seed", seed)
         if hw_decoder_load is not None:
             try:
                 hw = float(hw_decoder_load)
@@ -202,10 +246,16 @@ class FastLoader:
         self.device = _resolve_device(device)
         self.rank, self.world_size = _dist_defaults(rank, world_size)
         import_dali()  # DependencyError with an install hint, before any work
+        _register_exit_hook()  # after DALI's own (see _LIVE_CORES)
 
         self.dataset = path if isinstance(path, Dataset) else Dataset(path, check=check)
         if len(self.dataset) == 0:
             raise ConfigError(f"path {str(self.dataset.path)!r} holds no samples")
+        if self.world_size > len(self.dataset):
+            raise ConfigError(
+                f"world_size={self.world_size} is larger than the dataset ({len(self.dataset)} samples in "
+                f"{str(self.dataset.path)!r}): every rank needs at least one sample of its own"
+            )
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
@@ -238,13 +288,11 @@ class FastLoader:
             )
         self._epoch = 0
         self._resume_batch = 0
-        self._pipe = None
-        self._run: _EpochRun | None = None
         self._closed = False
-        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        # CPU training batches are resized and normalised by torch (faster than DALI's CPU resize)
-        self._host_finish = self.device.type == "cpu" and self.train
-        self._labels = self.dataset.labels
+        self._iter_lock = threading.Lock()
+        self._core = _Core(self)
+        # Stops the thread and frees the pipeline when the loader is collected, or at exit.
+        self._finalizer = weakref.finalize(self, self._core.close)
 
     # ------------------------------------------------------------------ DataLoader surface
     @property
@@ -263,27 +311,27 @@ class FastLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch the next iteration reads (as ``DistributedSampler.set_epoch``)."""
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise ConfigError(f"epoch must be an int >= 0, got {epoch!r}")
-        self._epoch = epoch
+        self._epoch = _as_int("epoch", epoch, lo=0)
         self._resume_batch = 0
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        if self._closed:
-            raise LoaderError("this FastLoader is closed")
-        self._stop_run()
-        epoch, start = self._epoch, self._resume_batch
-        self._epoch, self._resume_batch = epoch + 1, 0
-        if self._pipe is None:
-            self._pipe = self._build()
-        run = _EpochRun(self, epoch, start)
-        self._run = run
-        run.start()
-        return run
+        """A new epoch's iterator; it replaces the previous one, whose ``next()`` then raises.
+
+        One loader drives one DALI pipeline, so one iterator is live at a time: starting
+        another (from any thread) ends the previous one, and its next ``next()`` raises
+        :class:`LoaderError` saying so instead of ending its epoch early in silence.
+        """
+        with self._iter_lock:
+            if self._closed:
+                raise LoaderError("this FastLoader is closed")
+            epoch, start = self._epoch, self._resume_batch
+            self._epoch, self._resume_batch = epoch + 1, 0
+            run = self._core.start(epoch, start)
+            return _EpochIterator(self, run)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: resume with :meth:`load_state_dict` to read exactly the rest."""
-        run = self._run
+        run = self._core.run
         if run is not None and not run.finished:
             epoch, done = run.epoch, run.yielded
         else:
@@ -303,33 +351,43 @@ class FastLoader:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the next iteration yields exactly the remaining batches."""
+        """Resume from :meth:`state_dict`: the next iteration yields exactly the remaining batches.
+
+        Raises:
+            ConfigError: ``state`` is not a FastLoader state, has a field of the wrong type or
+                range, or was saved by a loader with other settings.
+        """
         if not isinstance(state, dict) or state.get("format") != "fastload.FastLoader":
             raise ConfigError(f"state is not a FastLoader state_dict: {state!r:.80}")
-        if state.get("version") != STATE_VERSION:
+        if state.get("version") != STATE_VERSION or isinstance(state.get("version"), bool):
             raise ConfigError(f"state version {state.get('version')!r} is not supported (expected {STATE_VERSION})")
+        missing = [k for k in _STATE_TYPES if k not in state]
+        if missing:
+            raise ConfigError(f"state lacks {', '.join(missing)}: not a complete FastLoader state_dict")
+        for k, kind in _STATE_TYPES.items():
+            v = state[k]
+            if type(v) is not kind and not (kind is int and isinstance(v, int) and not isinstance(v, bool)):
+                raise ConfigError(f"state has {k}={v!r:.40} ({type(v).__name__}); expected {kind.__name__}")
         for k in ("seed", "num_samples", "batch_size", "world_size", "shuffle", "drop_last"):
             mine = getattr(self, k, None) if k != "num_samples" else len(self.dataset)
             if state.get(k) != mine:
                 raise ConfigError(f"state has {k}={state.get(k)!r} but this loader has {k}={mine!r}; resume needs the same")
-        epoch, done = int(state["epoch"]), int(state["batches_done"])
+        epoch, done = state["epoch"], state["batches_done"]
         if epoch < 0 or not 0 <= done <= len(self):
-            raise ConfigError(f"state has an invalid position: epoch={epoch}, batches_done={done}")
-        self._stop_run()
-        if done == len(self):
-            epoch, done = epoch + 1, 0
-        self._epoch, self._resume_batch = epoch, done
+            raise ConfigError(f"state has an invalid position: epoch={epoch}, batches_done={done} (0..{len(self)})")
+        if not 0 <= state["rank"] < self.world_size:
+            raise ConfigError(f"state has rank={state['rank']}, outside [0, world_size={self.world_size})")
+        with self._iter_lock:
+            self._core.stop()
+            if done == len(self):
+                epoch, done = epoch + 1, 0
+            self._epoch, self._resume_batch = epoch, done
 
     def close(self) -> None:
-        """Stop the background thread and free the DALI pipeline (and its GPU memory)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._stop_run()
-        self._pipe = None
-        if self._stream is not None:
-            torch.cuda.synchronize(self.device)
-            self._stream = None
+        """Stop the background thread and free the DALI pipeline (and its GPU memory). Idempotent."""
+        with self._iter_lock:
+            self._closed = True
+        self._finalizer()
 
     def __enter__(self) -> "FastLoader":
         return self
@@ -337,25 +395,87 @@ class FastLoader:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter shutdown
-        try:
-            self.close()
-        except Exception:
-            pass
-
     def __repr__(self) -> str:
         return (
             f"FastLoader({str(self.dataset.path)!r}, batch_size={self.batch_size}, device={str(self.device)!r}, "
             f"train={self.train}, batches={len(self)}, rank={self.rank}/{self.world_size})"
         )
 
-    # ------------------------------------------------------------------ internals
-    def _stop_run(self) -> None:
-        run, self._run = self._run, None
+
+
+_STATE_TYPES = {
+    "epoch": int, "batches_done": int, "seed": int, "num_samples": int, "batch_size": int,
+    "world_size": int, "rank": int, "shuffle": bool, "drop_last": bool,
+}  # fmt: skip
+
+
+class _Core:
+    """What the background thread and DALI's callback hold: settings, dataset, pipeline, current run.
+
+    Never a reference to the :class:`FastLoader`, so that dropping the loader frees it.
+    """
+
+    def __init__(self, loader: FastLoader) -> None:
+        self.dataset = loader.dataset
+        self.sampler = loader.sampler
+        self.labels = loader.dataset.labels
+        self.device = loader.device
+        self.batch_size = loader.batch_size
+        self.num_threads = loader.num_threads
+        self.train = loader.train
+        self.crop, self.resize = loader.crop, loader.resize
+        self.scale, self.ratio, self.flip = loader.scale, loader.ratio, loader.flip
+        self.mean, self.std = loader.mean, loader.std
+        self.dtype = loader.dtype
+        self.channels_last = loader.channels_last
+        self.prefetch = loader.prefetch
+        self.seed = loader.seed
+        self.hw_decoder_load = loader.hw_decoder_load
+        # CPU training batches are resized and normalised on the host (faster than DALI's CPU resize)
+        self.host_finish = self.device.type == "cpu" and self.train
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.pipe: Any = None
+        self.run: _EpochRun | None = None
+        self.closed = False
+        self.lock = threading.Lock()
+        _LIVE_CORES.add(self)
+
+    def start(self, epoch: int, start: int) -> "_EpochRun":
+        """End the current run (if any) and start producing ``epoch`` from batch ``start``."""
+        with self.lock:
+            self._stop_locked(superseded=True)
+            if self.pipe is None:
+                self.pipe = self.build()
+            run = _EpochRun(self, epoch, start)
+            self.run = run
+            run.start()
+            return run
+
+    def stop(self) -> None:
+        with self.lock:
+            self._stop_locked(superseded=True)
+
+    def _stop_locked(self, *, superseded: bool) -> None:
+        run, self.run = self.run, None
         if run is not None:
+            if superseded and not run.finished:
+                run.superseded = True
             run.shutdown()
 
-    def _build(self):
+    def close(self) -> None:
+        """Stop the thread, free the pipeline and the stream. Idempotent; run by the finaliser."""
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            self._stop_locked(superseded=False)
+            self.pipe = None  # DALI frees its buffers (and GPU memory) with the pipeline
+            if self.stream is not None:
+                with contextlib.suppress(Exception):
+                    self.stream.synchronize()  # this stream only: the copies in flight
+                self.stream = None
+
+    def build(self):
         gpu = self.device.type == "cuda"
         if self.mean is None:
             mean = std = None
@@ -365,7 +485,7 @@ class FastLoader:
             std = [s * 255.0 for s in self.std]  # type: ignore[union-attr]
             out = "float16" if self.dtype == torch.float16 else "float32"
         spec = GraphSpec(
-            batch_size=self.batch_size,
+            batch_size=max(1, min(self.batch_size, self.sampler.per_rank)),  # never more than a batch can hold
             num_threads=self.num_threads,
             device_id=self.device.index if gpu else None,
             train=self.train,
@@ -377,18 +497,18 @@ class FastLoader:
             channels_last=self.channels_last,
             prefetch=self.prefetch,
             hw_decoder_load=self.hw_decoder_load,
-            host_finish=self._host_finish,
+            host_finish=self.host_finish,
         )
         try:
-            return build_pipeline(spec, self._source)
+            return build_pipeline(spec, self.source)
         except FastloadError:
             raise
         except Exception as e:  # DALI's own errors
             raise LoaderError(f"could not build the DALI pipeline for {self.device}: {e}") from e
 
-    def _source(self) -> tuple:
+    def source(self) -> tuple:
         """DALI's external_source callback: the next planned batch, read and parameterised."""
-        run = self._run
+        run = self.run
         if run is None:
             raise StopIteration
         batch = run.next_plan()  # raises StopIteration at the end or when stopping
@@ -423,12 +543,12 @@ class FastLoader:
             ratio=self.ratio,
             flip=self.flip,
         )
-        if self._host_finish:
+        if self.host_finish:
             run.flips.append(flips)
             return (enc, list(boxes[:, :2]), list(boxes[:, 2:]))
         return (enc, list(boxes[:, :2]), list(boxes[:, 2:]), list(flips))
 
-    def _locate_decode_error(self, indices: Sequence[int], err: BaseException) -> LoaderError:
+    def locate_decode_error(self, indices: Sequence[int], err: BaseException) -> LoaderError:
         """Find which sample of a failed batch does not decode, to name it in the error.
 
         DALI reports a failed batch, not the sample: decode the candidates one at a time
@@ -529,18 +649,22 @@ def _host_finish(
 
 
 class _EpochRun:
-    """One epoch's iterator: a producer thread that drives DALI, and a bounded queue."""
+    """One epoch's producer: a thread that drives DALI into a bounded queue.
 
-    def __init__(self, loader: FastLoader, epoch: int, start: int) -> None:
-        self.loader = loader
+    It holds the :class:`_Core`, never the loader or the iterator the user holds.
+    """
+
+    def __init__(self, core: _Core, epoch: int, start: int) -> None:
+        self.core = core
         self.epoch = epoch
         self.yielded = start
         self.finished = False
-        self._plan = loader.sampler.batches(epoch, start)
+        self.superseded = False  # a newer iter() of the same loader took over
+        self._plan = core.sampler.batches(epoch, start)
         self._inflight: collections.deque[Batch] = collections.deque()
         self.flips: collections.deque[np.ndarray] = collections.deque()  # host_finish only
         self.errors: dict[int, LoaderError] = {}  # batch number -> the error to raise at its turn
-        self._queue: queue.Queue = queue.Queue(maxsize=loader.prefetch)
+        self._queue: queue.Queue = queue.Queue(maxsize=core.prefetch)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._produce, name=f"fastload-epoch{epoch}", daemon=True)
 
@@ -557,12 +681,12 @@ class _EpochRun:
 
     # ---- producer thread
     def _produce(self) -> None:
-        loader = self.loader
-        pipe = loader._pipe
-        stream = loader._stream
+        core = self.core
+        pipe = core.pipe
+        stream = core.stream
         try:
             if stream is not None:
-                torch.cuda.set_device(loader.device)
+                torch.cuda.set_device(core.device)
 
             while True:
                 try:
@@ -581,51 +705,51 @@ class _EpochRun:
             if not self._stop.is_set():
                 self._put(_END)
         except BaseException as e:  # noqa: BLE001 - every failure must reach the consumer
-            loader._pipe = None  # a failed DALI pipeline is not reusable: rebuild next epoch
+            core.pipe = None  # a failed DALI pipeline is not reusable: rebuild next epoch
             if isinstance(e, LoaderError):
                 err: BaseException = e
             elif isinstance(e, FastloadError):
                 err = LoaderError(str(e))
             else:
                 pending = [int(i) for b in self._inflight for i in b.indices]
-                err = loader._locate_decode_error(pending, e)
+                err = core.locate_decode_error(pending, e)
                 err.__cause__ = e
             self._put(_Failure(err))
 
     def _convert(self, tl, batch: Batch):
-        loader = self.loader
-        labels_np = loader._labels[batch.indices]
-        if loader._host_finish:
+        core = self.core
+        labels_np = core.labels[batch.indices]
+        if core.host_finish:
             images = _host_finish(
-                tl, self.flips.popleft(), crop=loader.crop, mean=loader.mean, std=loader.std,
-                dtype=loader.dtype, channels_last=loader.channels_last,
-            )
+                tl, self.flips.popleft(), crop=core.crop, mean=core.mean, std=core.std,
+                dtype=core.dtype, channels_last=core.channels_last,
+            )  # fmt: skip
             return images, torch.from_numpy(labels_np), None
         dali_tensor = tl.as_tensor()
         shape = dali_tensor.shape()
-        torch_dtype = torch.uint8 if loader.dtype == torch.uint8 else (
-            torch.float16 if loader.dtype == torch.float16 else torch.float32
+        torch_dtype = torch.uint8 if core.dtype == torch.uint8 else (
+            torch.float16 if core.dtype == torch.float16 else torch.float32
         )
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
-        if loader._stream is None:
+        if core.stream is None:
             images = torch.empty(shape, dtype=torch_dtype)
             feed_ndarray(dali_tensor, images)
-            if loader.dtype == torch.bfloat16:
+            if core.dtype == torch.bfloat16:
                 images = images.to(torch.bfloat16)
             labels = torch.from_numpy(labels_np)
             event = None
         else:
-            stream = loader._stream
+            stream = core.stream
             with torch.cuda.stream(stream):
-                images = torch.empty(shape, dtype=torch_dtype, device=loader.device)
+                images = torch.empty(shape, dtype=torch_dtype, device=core.device)
                 feed_ndarray(dali_tensor, images, cuda_stream=stream)
-                if loader.dtype == torch.bfloat16:
+                if core.dtype == torch.bfloat16:
                     images = images.to(torch.bfloat16)
-                labels = torch.from_numpy(labels_np).pin_memory().to(loader.device, non_blocking=True)
+                labels = torch.from_numpy(labels_np).pin_memory().to(core.device, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(stream)
-        if loader.channels_last:
+        if core.channels_last:
             images = images.permute(0, 3, 1, 2)  # NHWC storage == channels_last NCHW view
         return images, labels, event
 
@@ -638,44 +762,28 @@ class _EpochRun:
                 continue
         return False
 
-    # ---- consumer
-    def __iter__(self) -> "_EpochRun":
-        return self
-
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.finished:
-            raise StopIteration
+    # ---- consumer side (called by _EpochIterator)
+    def get(self) -> Any:
+        """The next item of the queue; raises LoaderError if the thread died without one."""
         while True:
             try:
-                item = self._queue.get(timeout=0.5)
-                break
+                return self._queue.get(timeout=0.5)
             except queue.Empty:
-                if not self._thread.is_alive() and self._queue.empty():
-                    self.finished = True
-                    raise LoaderError("the FastLoader background thread stopped without a result") from None
-        if item is _END:
-            self.finished = True
-            self._thread.join()
-            raise StopIteration
-        if isinstance(item, _Failure):
-            self.finished = True
-            self._thread.join()
-            raise item.exc
-        images, labels, event = item
-        if event is not None:
-            current = torch.cuda.current_stream(self.loader.device)
-            current.wait_event(event)
-            images.record_stream(current)
-            labels.record_stream(current)
-        self.yielded += 1
-        return images, labels
+                if self._stop.is_set() or (not self._thread.is_alive() and self._queue.empty()):
+                    return None
 
-    def __len__(self) -> int:
-        return len(self.loader) - self.yielded
+    def join(self) -> None:
+        self._thread.join()
+
+    def request_stop(self) -> None:
+        """Ask the thread to stop; it drains DALI's scheduled batches and ends by itself."""
+        self._stop.set()
 
     def shutdown(self) -> None:
         """Stop producing, drain DALI's scheduled batches, and join the thread."""
         self._stop.set()
+        if threading.current_thread() is self._thread:
+            return  # a finaliser run by the collector inside this very thread: it ends by itself
         while self._thread.is_alive():
             try:
                 self._queue.get(timeout=0.05)
@@ -683,3 +791,63 @@ class _EpochRun:
                 pass
         self._thread.join()
         self.finished = True
+
+
+_SUPERSEDED = (
+    "this FastLoader iterator was ended by a newer iter() of the same loader (one live iterator "
+    "per loader): iterate it from one place, or make one FastLoader per consumer"
+)
+
+
+class _EpochIterator:
+    """What ``iter(loader)`` returns: the consumer end of one :class:`_EpochRun`.
+
+    It keeps its loader alive while it is used (as a DataLoader's iterator does); when
+    it is dropped before the end of its epoch, its producer thread is stopped.
+    """
+
+    def __init__(self, loader: FastLoader, run: _EpochRun) -> None:
+        self._loader = loader
+        self._run = run
+        self._device = loader.device
+        self._told = False  # the "ended by a newer iter()" error was raised
+        weakref.finalize(self, run.request_stop)
+
+    def __iter__(self) -> "_EpochIterator":
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        run = self._run
+        if run.superseded and not self._told:
+            self._told = True
+            raise LoaderError(_SUPERSEDED)
+        if run.finished:
+            raise StopIteration
+        item = run.get()
+        if item is None:
+            run.finished = True
+            if run.superseded:
+                self._told = True
+                raise LoaderError(_SUPERSEDED)
+            if self._loader._closed:
+                raise LoaderError("this FastLoader was closed while it was being iterated")
+            raise LoaderError("the FastLoader background thread stopped without a result")
+        if item is _END:
+            run.finished = True
+            run.join()
+            raise StopIteration
+        if isinstance(item, _Failure):
+            run.finished = True
+            run.join()
+            raise item.exc
+        images, labels, event = item
+        if event is not None:
+            current = torch.cuda.current_stream(self._device)
+            current.wait_event(event)
+            images.record_stream(current)
+            labels.record_stream(current)
+        run.yielded += 1
+        return images, labels
+
+    def __len__(self) -> int:
+        return len(self._loader) - self._run.yielded

@@ -234,3 +234,15 @@ def test_a_closed_stdout_is_not_an_error(world):
     p.stdout.close()  # before the child writes anything
     err = p.stderr.read().decode()
     assert p.wait(timeout=60) == 141 and err == ""
+
+
+@pytest.mark.parametrize("name", ["red\x1b[31mALERT\x1b[0m", "two\nlines", "bell\x07", "c1\x9bcsi"])
+def test_names_with_control_characters_are_printed_escaped(tmp_path, capsys, name):
+    """A terminal escape or newline in a path cannot recolour, clear or split the error line."""
+    missing = tmp_path / name
+    assert main(["inspect", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("fastload: error: ")
+    assert not any(ord(c) < 0x20 and c != "\n" or 0x7F <= ord(c) < 0xA0 for c in err), repr(err)
+    escaped = "".join(f"\\x{ord(c):02x}" if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 else c for c in name)
+    assert escaped in err
