@@ -36,10 +36,13 @@ import numpy as np
 import torch
 
 from .augment import train_params
+from .dlcompat import LoaderBatchSampler, RankSampler, SamplerPlan, check_collate_fn, note_ignored, user_batch_sampler
+from .host import finish_crops
 from .errors import ConfigError, FastloadError, FormatError, LoaderError
 from .pipeline import GraphSpec, build_pipeline, import_dali
 from .reader import Dataset
 from .sampler import Batch, EpochSampler
+from .views import LoaderDataset
 
 log = logging.getLogger(__name__)
 
@@ -158,14 +161,103 @@ def _dist_defaults(rank: Any, world_size: Any) -> tuple[int, int]:
     return r, ws
 
 
+_UNSET: Any = object()  # "not given" for arguments whose None means something (mean, std)
+#: FastLoader's own settings when neither the call nor a torchvision transform gives them.
+_DEFAULTS: dict[str, Any] = {
+    "train": True, "crop": 224, "scale": (0.08, 1.0), "ratio": (3 / 4, 4 / 3), "flip": 0.5, "resize": None,
+    "mean": IMAGENET_MEAN, "std": IMAGENET_STD, "dtype": torch.float32,
+}  # fmt: skip
+
+
+class _Source:
+    """Where a loader's images come from: a packed path, a Dataset, a loader's view, a torchvision dataset."""
+
+    def __init__(self, kind: str, obj: Any, settings: dict[str, Any] | None = None, transform: Any = None, target_transform: Any = None) -> None:
+        self.kind, self.obj = kind, obj
+        self.settings = settings or {}
+        self.transform, self.target_transform = transform, target_transform
+
+    def open(self, *, check: bool, cache_dir: Any, progress: bool) -> Dataset:
+        if self.kind == "dataset":
+            return self.obj
+        if self.kind == "view":
+            return self.obj.packed
+        if self.kind == "torchvision":
+            from .cache import cached_pack
+
+            return Dataset(cached_pack(self.obj, cache_dir=cache_dir, progress=progress), check=check)
+        return Dataset(self.obj, check=check)
+
+
+def _is_image_folder(obj: Any) -> bool:
+    try:
+        from torchvision.datasets import DatasetFolder
+    except ImportError:  # pragma: no cover - torchvision is optional
+        return False
+    return isinstance(obj, DatasetFolder)
+
+
+def _resolve_source(dataset: Any) -> _Source:
+    if isinstance(dataset, (str, os.PathLike)):
+        return _Source("path", dataset)
+    if isinstance(dataset, Dataset):
+        return _Source("dataset", dataset)
+    if isinstance(dataset, LoaderDataset):
+        return _Source("view", dataset, dict(dataset.settings), dataset.transform, dataset.target_transform)
+    if _is_image_folder(dataset):
+        from .transforms import translate
+
+        return _Source("torchvision", dataset, translate(dataset.transform), dataset.transform, dataset.target_transform)
+    raise ConfigError(
+        f"dataset must be a packed dataset directory, a fastload.Dataset or a torchvision ImageFolder/DatasetFolder "
+        f"of image files, got {type(dataset).__name__}; pack other datasets once with "
+        "fastload.pack_dataset(dataset, OUT) and pass OUT"
+    )
+
+
+def _transformed_labels(labels: np.ndarray, target_transform: Any) -> np.ndarray:
+    """``target_transform`` applied to every label (once, at construction); the results must be ints."""
+    table = {}
+    for c in np.unique(labels).tolist():
+        v = target_transform(c)
+        try:
+            table[c] = operator.index(v.item() if isinstance(v, (torch.Tensor, np.ndarray)) else v)
+        except (TypeError, ValueError):
+            raise ConfigError(f"target_transform({c}) returned {v!r}; FastLoader needs integer labels") from None
+    out = np.vectorize(table.__getitem__, otypes=[np.int64])(labels) if len(labels) else labels.copy()
+    out.setflags(write=False)
+    return out
+
+
 class FastLoader:
-    """Iterate ``(images, labels)`` batches of a packed dataset, decoded by DALI.
+    """Iterate ``(images, labels)`` batches of a packed dataset, decoded by DALI: a ``DataLoader`` drop-in.
+
+    The positional arguments and the DataLoader keywords are ``torch.utils.data.DataLoader``'s,
+    so ``DataLoader(`` can become ``FastLoader(`` in a training script; ``docs/dropin.md``
+    says what each one does here. The keywords after them are FastLoader's own.
 
     Args:
-        path: a directory written by :func:`fastload.pack` (or an open :class:`fastload.Dataset`).
+        dataset: a directory written by :func:`fastload.pack`, a :class:`fastload.Dataset`,
+            another loader's ``.dataset``, or a torchvision ``ImageFolder``/``DatasetFolder`` of
+            image files: packed once into a cache (``cache_dir``), its ``transform`` translated
+            into the settings below (:mod:`fastload.transforms`), its ``target_transform``
+            applied to the labels.
         batch_size: samples per batch on this rank.
-        shuffle: a seeded global permutation of all samples each epoch.
-        drop_last: drop the last incomplete batch (and the tail that does not divide among ranks).
+        shuffle: a seeded global permutation of all samples each epoch. Default: as ``train``
+            for a packed dataset; False (DataLoader's default) with a torchvision dataset, a
+            ``sampler`` or a ``batch_sampler``.
+        sampler: any ``Sampler`` or sequence of indices (a ``DistributedSampler`` the script
+            calls ``set_epoch`` on, a ``WeightedRandomSampler``...): iterated each epoch, and
+            exactly those indices are read, in that order (it does the sharding, not FastLoader).
+        batch_sampler: yields lists of indices, one per batch (excludes batch_size, shuffle,
+            sampler and drop_last, as in DataLoader).
+        num_workers, pin_memory, timeout, worker_init_fn, multiprocessing_context,
+            prefetch_factor, persistent_workers, pin_memory_device, in_order: accepted and
+            shown as attributes; they do not apply (no worker processes).
+        collate_fn: None or ``default_collate``; any other is a :class:`ConfigError`.
+        drop_last: drop the last incomplete batch and the tail that does not divide among
+            ranks: ``DistributedSampler(drop_last=...)`` + ``DataLoader(drop_last=...)``.
+        generator: seeds the order (its ``initial_seed()``) when ``seed`` is not given.
         train: random-resized crop + flip (True) or resize + center crop (False).
         crop: output side in pixels.
         scale, ratio: random-resized-crop area fraction and aspect ratio ranges (torchvision semantics).
@@ -177,58 +269,120 @@ class FastLoader:
         device: ``"cuda"``/``"cuda:N"`` (GPU decoding), ``"cpu"`` (DALI's CPU pipeline), None (CUDA if present).
         num_threads: DALI CPU threads (default: this process's share of the cores).
         prefetch: batches in flight ahead of the consumer.
-        seed: seeds the epoch order, crops and flips.
+        seed: seeds the epoch order, crops and flips (default 0, or the generator's seed).
         rank, world_size: this process's share of each epoch (default: from torch.distributed).
+        pad: without ``drop_last``, pad ranks to equal shares like ``DistributedSampler``
+            (default); False gives every sample to exactly one rank (exact evaluation; ranks
+            may then differ by one batch).
         hw_decoder_load: share of JPEGs sent to the GPU's hardware decoder (DALI's default if None).
         check: verify each record's CRC-32 before decoding (reports altered bytes with the sample).
+        target_transform: applied to every label once (a torchvision dataset's own is used by default).
+        cache_dir: where a torchvision dataset is packed (default ``$FASTLOAD_CACHE`` or
+            ``~/.cache/fastload``).
+        progress: show a progress bar while a torchvision dataset is packed.
     """
 
     def __init__(
         self,
-        path: str | os.PathLike | Dataset,
-        batch_size: int,
-        *,
-        shuffle: bool = True,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int = 0,
+        collate_fn: Any = None,
+        pin_memory: bool = False,
         drop_last: bool = False,
-        train: bool = True,
-        crop: int = 224,
-        scale: Sequence[float] = (0.08, 1.0),
-        ratio: Sequence[float] = (3 / 4, 4 / 3),
-        flip: float = 0.5,
+        timeout: float = 0,
+        worker_init_fn: Any = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        train: bool | None = None,
+        crop: int | None = None,
+        scale: Sequence[float] | None = None,
+        ratio: Sequence[float] | None = None,
+        flip: float | None = None,
         resize: int | None = None,
-        mean: Sequence[float] | None = IMAGENET_MEAN,
-        std: Sequence[float] | None = IMAGENET_STD,
-        dtype: torch.dtype = torch.float32,
+        mean: Sequence[float] | None | Any = _UNSET,
+        std: Sequence[float] | None | Any = _UNSET,
+        dtype: torch.dtype | None = None,
         channels_last: bool = False,
         device: str | torch.device | None = None,
         num_threads: int | None = None,
         prefetch: int = 2,
-        seed: int = 0,
+        seed: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        pad: bool = True,
         hw_decoder_load: float | None = None,
         check: bool = True,
+        target_transform: Any = None,
+        cache_dir: str | os.PathLike | None = None,
+        progress: bool = True,
     ) -> None:
+        # ---- the DataLoader arguments that do not apply: kept as attributes, like a DataLoader's
+        ignored = {
+            "num_workers": num_workers, "pin_memory": pin_memory, "timeout": timeout,
+            "worker_init_fn": worker_init_fn, "multiprocessing_context": multiprocessing_context,
+            "prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers,
+            "pin_memory_device": pin_memory_device, "in_order": in_order,
+        }  # fmt: skip
+        self.num_workers = _as_int("num_workers", num_workers, lo=0)
+        self.pin_memory, self.timeout, self.worker_init_fn = pin_memory, timeout, worker_init_fn
+        self.multiprocessing_context, self.prefetch_factor = multiprocessing_context, prefetch_factor
+        self.persistent_workers, self.pin_memory_device, self.in_order = persistent_workers, pin_memory_device, in_order
+        note_ignored(ignored)
+        self.collate_fn = check_collate_fn(collate_fn)
+        self.generator = generator
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ConfigError(f"generator must be a torch.Generator or None, got {generator!r}")
+
+        # ---- where the images come from, and the settings that come with them
+        source = _resolve_source(dataset)
+        given = {
+            "train": train, "crop": crop, "scale": scale, "ratio": ratio, "flip": flip, "resize": resize,
+            "dtype": dtype, **({} if mean is _UNSET else {"mean": mean}), **({} if std is _UNSET else {"std": std}),
+        }  # fmt: skip
+        settings = {**_DEFAULTS, **source.settings, **{k: v for k, v in given.items() if v is not None or k in ("mean", "std")}}
+        if shuffle is None:  # DataLoader's default (False) wherever a DataLoader call is being replaced
+            user_order = sampler is not None or batch_sampler is not None or source.kind == "torchvision"
+            shuffle = False if user_order else bool(settings["train"])
+        if seed is None:
+            seed = generator.initial_seed() if generator is not None else 0
+
         # ---- validate everything before touching the disk or DALI
-        batch_size = _as_int("batch_size", batch_size, lo=1, hint=" (samples per batch)")
-        crop = _as_int("crop", crop, lo=1, hi=MAX_SIDE, hint=" (pixels)")
+        if batch_sampler is None:
+            if batch_size is None:
+                raise ConfigError("batch_size=None (no batching) is not supported: FastLoader yields batches; give batch_size")
+            batch_size = _as_int("batch_size", batch_size, lo=1, hint=" (samples per batch)")
+        crop = _as_int("crop", settings["crop"], lo=1, hi=MAX_SIDE, hint=" (pixels)")
+        resize = settings["resize"]
         if resize is None:
             resize = int(round(crop / 0.875))
         resize = _as_int("resize", resize, lo=crop, hi=2 * MAX_SIDE, hint=f" (>= crop {crop})")
+        scale = settings["scale"]
         scale_t = _check_pair("scale", scale, lo=0.0, hi=1.0)
         if scale_t[1] <= 0:
             raise ConfigError(f"scale must have max > 0, got {scale!r}")
-        ratio_t = _check_pair("ratio", ratio, lo=1e-6)
+        ratio_t = _check_pair("ratio", settings["ratio"], lo=1e-6)
+        flip = settings["flip"]
         try:
             flip_f = float(flip)
         except (TypeError, ValueError):
             raise ConfigError(f"flip must be a probability in [0, 1], got {flip!r}") from None
         if not 0.0 <= flip_f <= 1.0:
             raise ConfigError(f"flip must be a probability in [0, 1], got {flip!r}")
+        mean, std = settings["mean"], settings["std"]
         if (mean is None) != (std is None):
             raise ConfigError(f"give both mean and std, or neither for uint8 output; got mean={mean!r}, std={std!r}")
         mean_t = None if mean is None else _check_triple("mean", mean, positive=False)
         std_t = None if std is None else _check_triple("std", std, positive=True)
+        dtype = settings["dtype"]
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise ConfigError(f"dtype must be torch.float32, torch.float16 or torch.bfloat16, got {dtype!r}")
         prefetch = _as_int("prefetch", prefetch, lo=1, hi=64, hint=" (batches in flight)")
@@ -243,23 +397,33 @@ class FastLoader:
             if not 0.0 <= hw <= 1.0:
                 raise ConfigError(f"hw_decoder_load must be in [0, 1] or None, got {hw_decoder_load!r}")
             hw_decoder_load = hw
+        user_batches = user_batch_sampler(
+            sampler=sampler, batch_sampler=batch_sampler, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last
+        )
         self.device = _resolve_device(device)
         self.rank, self.world_size = _dist_defaults(rank, world_size)
         import_dali()  # DependencyError with an install hint, before any work
         _register_exit_hook()  # after DALI's own (see _LIVE_CORES)
 
-        self.dataset = path if isinstance(path, Dataset) else Dataset(path, check=check)
-        if len(self.dataset) == 0:
-            raise ConfigError(f"path {str(self.dataset.path)!r} holds no samples")
-        if self.world_size > len(self.dataset):
+        packed = source.open(check=check, cache_dir=cache_dir, progress=progress)
+        self.packed = packed
+        if len(packed) == 0:
+            raise ConfigError(f"dataset {str(packed.path)!r} holds no samples")
+        if self.world_size > len(packed) and user_batches is None:
             raise ConfigError(
-                f"world_size={self.world_size} is larger than the dataset ({len(self.dataset)} samples in "
-                f"{str(self.dataset.path)!r}): every rank needs at least one sample of its own"
+                f"world_size={self.world_size} is larger than the dataset ({len(packed)} samples in "
+                f"{str(packed.path)!r}): every rank needs at least one sample of its own"
             )
-        self.batch_size = batch_size
+        labels = packed.labels
+        if target_transform is None:
+            target_transform = source.target_transform
+        if target_transform is not None:
+            labels = _transformed_labels(labels, target_transform)
+        self.batch_size = batch_size if batch_sampler is None else None
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
-        self.train = bool(train)
+        self.pad = bool(pad)
+        self.train = bool(settings["train"])
         self.crop, self.resize = crop, resize
         self.scale, self.ratio, self.flip = scale_t, ratio_t, flip_f
         self.mean, self.std = mean_t, std_t
@@ -272,22 +436,42 @@ class FastLoader:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
             num_threads = max(1, _cores() // max(1, local))
         self.num_threads = num_threads
-        self.sampler = EpochSampler(
-            num_samples=len(self.dataset),
-            batch_size=batch_size,
-            shuffle=self.shuffle,
-            drop_last=self.drop_last,
-            seed=seed,
-            rank=self.rank,
-            world_size=self.world_size,
-        )
-        if len(self.sampler) == 0:
-            raise ConfigError(
-                f"batch_size={batch_size} with drop_last=True leaves no batch: this rank gets "
-                f"{self.sampler.per_rank} of {len(self.dataset)} samples"
-            )
         self._epoch = 0
         self._resume_batch = 0
+        if user_batches is None:
+            plan: EpochSampler | SamplerPlan = EpochSampler(
+                num_samples=len(packed), batch_size=batch_size, shuffle=self.shuffle, drop_last=self.drop_last,
+                seed=seed, rank=self.rank, world_size=self.world_size, pad=self.pad,
+            )  # fmt: skip
+            if len(plan) == 0:
+                raise ConfigError(
+                    f"batch_size={batch_size} with drop_last=True leaves no batch: this rank gets "
+                    f"{plan.per_rank} of {len(packed)} samples"
+                )
+            self.sampler: Any = RankSampler(plan, lambda: self._epoch, self.set_epoch)
+            self.batch_sampler: Any = LoaderBatchSampler(self.sampler, batch_size, self.drop_last)
+            self._max_batch = max(1, min(batch_size, plan.per_rank))  # type: ignore[type-var]
+        else:
+            plan = SamplerPlan(user_batches, num_samples=len(packed), rank=self.rank, world_size=self.world_size)
+            self.sampler = sampler if batch_sampler is None else getattr(batch_sampler, "sampler", None)
+            self.batch_sampler = user_batches
+            self._max_batch = plan.max_batch
+        self._plan = plan
+        self._labels = labels
+        self._init = {
+            "dataset": str(packed.path), "batch_size": batch_size, "shuffle": shuffle, "sampler": sampler,
+            "batch_sampler": batch_sampler, "drop_last": drop_last, "generator": generator, **ignored,
+            "train": self.train, "crop": crop, "scale": scale_t, "ratio": ratio_t, "flip": flip_f, "resize": resize,
+            "mean": mean_t, "std": std_t, "dtype": dtype, "channels_last": self.channels_last,
+            "device": None if device is None else str(self.device), "num_threads": num_threads, "prefetch": prefetch,
+            "seed": seed, "rank": rank, "world_size": world_size, "pad": pad, "hw_decoder_load": hw_decoder_load,
+            "check": check, "target_transform": target_transform,
+        }  # fmt: skip
+        self.dataset = LoaderDataset(
+            packed, labels=labels, epoch=lambda: self._epoch, transform=source.transform, target_transform=target_transform,
+            settings={"train": self.train, "crop": crop, "resize": resize, "scale": scale_t, "ratio": ratio_t,
+                      "flip": flip_f, "mean": mean_t, "std": std_t, "seed": seed},
+        )  # fmt: skip
         self._closed = False
         self._iter_lock = threading.Lock()
         self._core = _Core(self)
@@ -302,12 +486,12 @@ class FastLoader:
 
     @property
     def epoch(self) -> int:
-        """The epoch the next iteration will read."""
+        """The epoch the next iteration will read (it moves on when an epoch is read to its end)."""
         return self._epoch
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch."""
-        return len(self.sampler)
+        return len(self._plan)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch the next iteration reads (as ``DistributedSampler.set_epoch``)."""
@@ -324,10 +508,18 @@ class FastLoader:
         with self._iter_lock:
             if self._closed:
                 raise LoaderError("this FastLoader is closed")
-            epoch, start = self._epoch, self._resume_batch
-            self._epoch, self._resume_batch = epoch + 1, 0
-            run = self._core.start(epoch, start)
+            run = self._core.start(self._epoch, self._resume_batch)
             return _EpochIterator(self, run)
+
+    def _epoch_finished(self, run: "_EpochRun") -> None:
+        """An iterator reached the end of its epoch: the next one reads the following epoch.
+
+        Only a finished epoch moves the loader on: ``next(iter(loader))`` to peek, or a
+        ``break``, leaves the epoch that ``set_epoch`` (or the last finished one) chose.
+        """
+        with self._iter_lock:
+            if (self._epoch, self._resume_batch) == (run.epoch, run.first):
+                self._epoch, self._resume_batch = run.epoch + 1, 0
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: resume with :meth:`load_state_dict` to read exactly the rest."""
@@ -389,6 +581,11 @@ class FastLoader:
             self._closed = True
         self._finalizer()
 
+    def __reduce__(self) -> tuple:
+        """Pickle and ``copy.deepcopy`` as the arguments that make this loader plus its position;
+        the copy reopens the dataset (a spawn-based launcher gets a working loader)."""
+        return (_rebuild, (self._init, self._epoch, self._resume_batch))
+
     def __enter__(self) -> "FastLoader":
         return self
 
@@ -397,7 +594,7 @@ class FastLoader:
 
     def __repr__(self) -> str:
         return (
-            f"FastLoader({str(self.dataset.path)!r}, batch_size={self.batch_size}, device={str(self.device)!r}, "
+            f"FastLoader({str(self.packed.path)!r}, batch_size={self.batch_size}, device={str(self.device)!r}, "
             f"train={self.train}, batches={len(self)}, rank={self.rank}/{self.world_size})"
         )
 
@@ -409,6 +606,12 @@ _STATE_TYPES = {
 }  # fmt: skip
 
 
+def _rebuild(init: dict[str, Any], epoch: int, resume_batch: int) -> FastLoader:
+    loader = FastLoader(**init)
+    loader._epoch, loader._resume_batch = epoch, resume_batch
+    return loader
+
+
 class _Core:
     """What the background thread and DALI's callback hold: settings, dataset, pipeline, current run.
 
@@ -416,9 +619,10 @@ class _Core:
     """
 
     def __init__(self, loader: FastLoader) -> None:
-        self.dataset = loader.dataset
-        self.sampler = loader.sampler
-        self.labels = loader.dataset.labels
+        self.dataset = loader.packed
+        self.plan = loader._plan
+        self.max_batch = loader._max_batch
+        self.labels = loader._labels
         self.device = loader.device
         self.batch_size = loader.batch_size
         self.num_threads = loader.num_threads
@@ -485,7 +689,7 @@ class _Core:
             std = [s * 255.0 for s in self.std]  # type: ignore[union-attr]
             out = "float16" if self.dtype == torch.float16 else "float32"
         spec = GraphSpec(
-            batch_size=max(1, min(self.batch_size, self.sampler.per_rank)),  # never more than a batch can hold
+            batch_size=self.max_batch,  # never more than a batch can hold
             num_threads=self.num_threads,
             device_id=self.device.index if gpu else None,
             train=self.train,
@@ -607,47 +811,6 @@ def _placeholder_jpeg() -> np.ndarray:
     return _PLACEHOLDER[0]
 
 
-def _host_finish(
-    crops,
-    flips: np.ndarray,
-    *,
-    crop: int,
-    mean: tuple[float, float, float] | None,
-    std: tuple[float, float, float] | None,
-    dtype: torch.dtype,
-    channels_last: bool,
-) -> torch.Tensor:
-    """Resize DALI's decoded CPU crops to ``crop``x``crop``, flip, normalise: one batch tensor.
-
-    pillow-simd's SIMD bilinear resize (antialiased, the filter torchvision's PIL path
-    uses) and NumPy: both single-threaded and GIL-free, so this thread never competes
-    with DALI's workers through a second thread pool. DALI's buffers are read in place.
-    """
-    from PIL import Image
-
-    n = len(crops)
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    out_dtype = torch.uint8 if mean is None else torch.float32
-    images = torch.empty((n, 3, crop, crop), dtype=out_dtype, memory_format=fmt)
-    dst_all = images.numpy()  # (n, 3, crop, crop) view, strided when channels_last
-    if mean is not None:
-        scale = np.array([1.0 / (255.0 * s) for s in std], dtype=np.float32).reshape(3, 1, 1)  # type: ignore[union-attr]
-        shift = np.array([m / s for m, s in zip(mean, std)], dtype=np.float32).reshape(3, 1, 1)  # type: ignore[arg-type]
-    for i in range(n):
-        hwc = np.ascontiguousarray(crops[i])  # DALI's buffer, no copy
-        src = Image.frombuffer("RGB", (hwc.shape[1], hwc.shape[0]), hwc, "raw", "RGB", 0, 1)
-        chw = np.asarray(src.resize((crop, crop), Image.BILINEAR)).transpose(2, 0, 1)
-        if flips[i]:
-            chw = chw[:, :, ::-1]  # a view: the flip happens in the write below
-        dst = dst_all[i]
-        if mean is None:
-            dst[...] = chw
-        else:  # normalise while the image is still in cache
-            np.multiply(chw, scale, out=dst)
-            np.subtract(dst, shift, out=dst)
-    return images if dtype in (torch.float32, torch.uint8) else images.to(dtype)
-
-
 class _EpochRun:
     """One epoch's producer: a thread that drives DALI into a bounded queue.
 
@@ -657,10 +820,11 @@ class _EpochRun:
     def __init__(self, core: _Core, epoch: int, start: int) -> None:
         self.core = core
         self.epoch = epoch
+        self.first = start
         self.yielded = start
         self.finished = False
         self.superseded = False  # a newer iter() of the same loader took over
-        self._plan = core.sampler.batches(epoch, start)
+        self._plan = core.plan.batches(epoch, start)
         self._inflight: collections.deque[Batch] = collections.deque()
         self.flips: collections.deque[np.ndarray] = collections.deque()  # host_finish only
         self.errors: dict[int, LoaderError] = {}  # batch number -> the error to raise at its turn
@@ -720,7 +884,7 @@ class _EpochRun:
         core = self.core
         labels_np = core.labels[batch.indices]
         if core.host_finish:
-            images = _host_finish(
+            images = finish_crops(
                 tl, self.flips.popleft(), crop=core.crop, mean=core.mean, std=core.std,
                 dtype=core.dtype, channels_last=core.channels_last,
             )  # fmt: skip
@@ -835,6 +999,7 @@ class _EpochIterator:
         if item is _END:
             run.finished = True
             run.join()
+            self._loader._epoch_finished(run)
             raise StopIteration
         if isinstance(item, _Failure):
             run.finished = True

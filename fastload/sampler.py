@@ -6,6 +6,10 @@ buffer shuffle). With ``world_size`` ranks the permutation is padded (or, with
 ``torch.utils.data.DistributedSampler``, and rank ``r`` takes positions
 ``r, r + world_size, ...``: equal, disjoint shares that together cover every sample,
 so every rank yields the same number of batches and DDP never waits on a straggler.
+
+With ``pad=False`` (exact evaluation) nothing is repeated: rank ``r`` takes positions
+``r, r + world_size, ... < num_samples``, so ranks may differ by one sample (and so by
+one batch); only use it where ranks do not meet in a collective once per batch.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ class EpochSampler:
         seed: base seed of the permutation.
         rank: this rank, ``0 <= rank < world_size``.
         world_size: number of ranks sharing each epoch.
+        pad: without ``drop_last``, repeat samples so every rank gets as many
+            (DistributedSampler's padding); False gives each sample to exactly one rank.
     """
 
     def __init__(
@@ -52,6 +58,7 @@ class EpochSampler:
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        pad: bool = True,
     ) -> None:
         if num_samples < 0:
             raise ConfigError(f"num_samples must be >= 0, got {num_samples}")
@@ -68,11 +75,16 @@ class EpochSampler:
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
+        self.pad = pad
         if drop_last:
             self.per_rank = num_samples // world_size
-        else:
+            self.total = self.per_rank * world_size
+        elif pad:
             self.per_rank = -(-num_samples // world_size) if num_samples else 0
-        self.total = self.per_rank * world_size
+            self.total = self.per_rank * world_size
+        else:  # every sample once: the first num_samples % world_size ranks get one more
+            self.per_rank = len(range(rank, num_samples, world_size))
+            self.total = num_samples
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""

@@ -105,7 +105,7 @@ def test_labels_match_pixels_and_each_sample_once_per_epoch(packed, device, trai
 def test_loader_accepts_an_open_dataset(packed):
     ds = fastload.Dataset(packed)
     with FastLoader(ds, 7, device="cpu", crop=16) as loader:
-        assert loader.dataset is ds
+        assert loader.packed is ds  # loader.dataset is the ImageFolder-like view over it
         assert sorted(idx for _, idx, _ in _epoch(loader)) == list(range(N))
 
 

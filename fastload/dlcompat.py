@@ -1,0 +1,201 @@
+"""The DataLoader surface of FastLoader: its keyword arguments, and the samplers clients look for.
+
+``torch.utils.data.DataLoader`` takes a dozen arguments that are about worker processes
+and host memory; FastLoader has neither, so it accepts them, keeps their values as
+attributes (what the DataLoader would show) and logs once at debug level that they do
+not apply. The samplers clients read (Lightning, accelerate, timm, pytorch/examples)
+are real ``torch.utils.data.Sampler`` objects:
+
+* without ``sampler=``: :class:`RankSampler` (this rank's indices of the current
+  epoch, ``set_epoch``) inside a :class:`LoaderBatchSampler` (index lists);
+* with ``sampler=`` (a ``DistributedSampler``, ``WeightedRandomSampler``, a list...):
+  that sampler, iterated each epoch, inside a ``BatchSampler``; with
+  ``batch_sampler=``: that one. :class:`SamplerPlan` turns either into the batch plans
+  the loader reads, exactly those indices in that order.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, Sampler
+
+from .errors import ConfigError
+from .sampler import Batch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .sampler import EpochSampler
+
+log = logging.getLogger(__name__)
+
+#: DataLoader arguments about worker processes and host memory: accepted, kept, not used.
+IGNORED_DEFAULTS: dict[str, Any] = {
+    "num_workers": 0,
+    "pin_memory": False,
+    "timeout": 0,
+    "worker_init_fn": None,
+    "multiprocessing_context": None,
+    "prefetch_factor": None,
+    "persistent_workers": False,
+    "pin_memory_device": "",
+    "in_order": True,
+}
+_LOGGED: set[str] = set()
+
+
+def note_ignored(values: dict[str, Any]) -> None:
+    """Log once per argument name (debug level) that a DataLoader argument does not apply."""
+    for name, value in values.items():
+        if value != IGNORED_DEFAULTS[name] and name not in _LOGGED:
+            _LOGGED.add(name)
+            log.debug("FastLoader: %s=%r does not apply (no worker processes; DALI decodes); ignored", name, value)
+
+
+def check_collate_fn(collate_fn: Any) -> Callable:
+    """The collate function a DataLoader would show; anything but the default is refused."""
+    from torch.utils.data import default_collate
+
+    if collate_fn is None or collate_fn is default_collate:
+        return default_collate
+    name = getattr(collate_fn, "__qualname__", None) or type(collate_fn).__name__
+    raise ConfigError(
+        f"collate_fn={name} cannot be honoured: FastLoader builds (images, labels) batches itself; "
+        "apply the function to each batch inside the training loop instead, or use a DataLoader"
+    )
+
+
+def as_index(name: str, value: Any) -> int:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name} yielded {value!r}, not a sample index") from None
+
+
+class RankSampler(Sampler[int]):
+    """This rank's sample indices of the loader's current epoch (as a ``DistributedSampler``).
+
+    ``len`` is the number of samples this rank reads per epoch; ``set_epoch(e)`` chooses
+    the loader's epoch, as it does on a ``DistributedSampler``.
+    """
+
+    def __init__(self, plan: "EpochSampler", get_epoch: Callable[[], int], set_epoch: Callable[[int], None]) -> None:
+        self._plan = plan
+        self._get_epoch = get_epoch
+        self._set_epoch = set_epoch
+        self.num_replicas = plan.world_size
+        self.rank = plan.rank
+        self.shuffle = plan.shuffle
+        self.drop_last = plan.drop_last
+        self.seed = plan.seed
+        self.num_samples = plan.per_rank
+        self.total_size = plan.total
+
+    @property
+    def epoch(self) -> int:
+        return self._get_epoch()
+
+    def set_epoch(self, epoch: int) -> None:
+        self._set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        order = self._plan.order(self._get_epoch())
+        return iter(order[self._plan.rank_positions()].tolist())
+
+    def __len__(self) -> int:
+        return self._plan.per_rank
+
+
+class LoaderBatchSampler(BatchSampler):
+    """Index lists of the batches the loader yields: ``len`` = batches, ``.sampler``, ``set_epoch``."""
+
+    def set_epoch(self, epoch: int) -> None:
+        set_epoch = getattr(self.sampler, "set_epoch", None)
+        if set_epoch is not None:
+            set_epoch(epoch)
+
+
+class SamplerPlan:
+    """Batch plans from a user's ``sampler=`` or ``batch_sampler=``: exactly its indices, in its order.
+
+    Each epoch iterates the sampler once. Crop positions are ``k * world_size + rank`` for
+    the ``k``-th sample this rank reads, so they differ between ranks as they do without
+    a user sampler.
+
+    Args:
+        batch_sampler: yields lists of indices, one per batch (a ``BatchSampler`` over the
+            user's sampler, or the user's own ``batch_sampler``).
+        num_samples: samples in the dataset (every index is checked against it).
+        rank, world_size: this process's place (for crop positions only; the sampler shards).
+    """
+
+    def __init__(self, batch_sampler: Iterable[Sequence[int]], *, num_samples: int, rank: int, world_size: int) -> None:
+        try:
+            self._len = len(batch_sampler)  # type: ignore[arg-type]
+        except TypeError:
+            raise ConfigError(
+                f"sampler/batch_sampler {type(batch_sampler).__name__} has no len(); FastLoader needs to know "
+                "how many batches an epoch has"
+            ) from None
+        self.batch_sampler = batch_sampler
+        self.num_samples = num_samples
+        self.rank = rank
+        self.world_size = world_size
+        self.max_batch = getattr(batch_sampler, "batch_size", None)
+        if not isinstance(self.max_batch, int) or self.max_batch < 1:
+            self.max_batch = max((len(b) for b in batch_sampler), default=1)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        """This epoch's batches from batch number ``start`` (the sampler is iterated from its start)."""
+        del epoch  # the sampler's own epoch (set_epoch) decides its order
+        pos = 0
+        for number, batch in enumerate(self.batch_sampler):
+            idx = np.fromiter((as_index("sampler", i) for i in batch), dtype=np.int64, count=len(batch))
+            n = len(idx)
+            if n == 0 or n > self.max_batch:
+                raise ConfigError(f"batch_sampler yielded a batch of {n} indices; expected 1..{self.max_batch}")
+            if idx.min() < 0 or idx.max() >= self.num_samples:
+                bad = int(idx[(idx < 0) | (idx >= self.num_samples)][0])
+                raise ConfigError(f"sampler yielded index {bad}, outside the dataset's 0..{self.num_samples - 1}")
+            positions = (np.arange(pos, pos + n, dtype=np.int64) * self.world_size) + self.rank
+            pos += n
+            if number >= start:
+                yield Batch(number, idx, positions)
+
+
+def user_batch_sampler(
+    *, sampler: Any, batch_sampler: Any, batch_size: Any, shuffle: Any, drop_last: bool
+) -> BatchSampler | Any | None:
+    """The batch sampler a DataLoader would build from these arguments, or None for FastLoader's own.
+
+    Raises:
+        ConfigError: the combination is one a DataLoader refuses (the same rules, as ConfigError).
+    """
+    if batch_sampler is not None:
+        if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            raise ConfigError(
+                "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last "
+                "(as in DataLoader)"
+            )
+        return batch_sampler
+    if sampler is None:
+        return None
+    if shuffle:
+        raise ConfigError("sampler option is mutually exclusive with shuffle (as in DataLoader)")
+    if isinstance(sampler, (list, tuple, range, np.ndarray, torch.Tensor)):
+        sampler = list(np.asarray(sampler).reshape(-1).tolist())
+    return BatchSampler(sampler, batch_size, drop_last)
+
+
+__all__ = [
+    "IGNORED_DEFAULTS", "note_ignored", "check_collate_fn", "RankSampler", "LoaderBatchSampler",
+    "SamplerPlan", "user_batch_sampler",
+]  # fmt: skip
