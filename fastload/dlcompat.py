@@ -154,9 +154,14 @@ class SamplerPlan:
         return self._len
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
-        """This epoch's batches from batch number ``start`` (the sampler is iterated from its start)."""
+        """This epoch's batches from batch number ``start`` (the sampler is iterated from its start).
+
+        The whole epoch is planned here, in the caller's thread, so a bad index is a
+        :class:`ConfigError` from ``iter(loader)``, not a failure in the background.
+        """
         del epoch  # the sampler's own epoch (set_epoch) decides its order
         pos = 0
+        plans = []
         for number, batch in enumerate(self.batch_sampler):
             idx = np.fromiter((as_index("sampler", i) for i in batch), dtype=np.int64, count=len(batch))
             n = len(idx)
@@ -168,7 +173,8 @@ class SamplerPlan:
             positions = (np.arange(pos, pos + n, dtype=np.int64) * self.world_size) + self.rank
             pos += n
             if number >= start:
-                yield Batch(number, idx, positions)
+                plans.append(Batch(number, idx, positions))
+        return iter(plans)
 
 
 def user_batch_sampler(
