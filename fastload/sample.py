@@ -91,7 +91,7 @@ def _check_size(size) -> tuple[int, int]:
     return int(size[0]), int(size[1])
 
 
-def _photo_dir() -> Path:
+def photo_dir() -> Path:
     """``skimage/data`` of the installed scikit-image, found without importing it."""
     try:
         spec = importlib.util.find_spec("skimage")
@@ -144,22 +144,31 @@ def _texture(photo_dir: str, i: int) -> np.ndarray:
     return t  # type: ignore[return-value]
 
 
+def crop_plan(rng: np.random.Generator, src_size: tuple[int, int], size: tuple[int, int]) -> tuple[int, int, tuple[float, ...]]:
+    """Output size and source box of one sample image: ``(w, h, (x0, y0, x1, y1))``.
+
+    The window is 0.9..1.25x the source's scale, shrunk to fit the photo; its corner is
+    drawn inside the photo (a window that fills the photo after rounding has its corner at 0).
+    """
+    sw, sh = src_size
+    w = int(rng.integers(int(size[0] * 0.8), int(size[0] * 1.12) + 1))
+    h = int(rng.integers(int(size[1] * 0.8), int(size[1] * 1.12) + 1))
+    zoom = rng.uniform(0.9, 1.25)
+    cw, ch = w / zoom, h / zoom
+    fit = min(1.0, sw / cw, sh / ch)
+    cw, ch = min(cw * fit, sw), min(ch * fit, sh)  # cw * (sw / cw) can round to just above sw
+    x, y = rng.uniform(0, max(0.0, sw - cw)), rng.uniform(0, max(0.0, sh - ch))
+    return w, h, (x, y, x + cw, y + ch)
+
+
 def _render(job: _Job, *, photo_dir: str, seed: int, size: tuple[int, int], quality: int) -> bytes:
     """Encoded JPEG of one sample image; depends only on the arguments."""
     from PIL import Image, ImageFilter
 
     rng = np.random.default_rng([seed, job.label, job.index])
     src = _photo(photo_dir, job.photos[int(rng.integers(len(job.photos)))])
-    sw, sh = src.size
-    w = int(rng.integers(int(size[0] * 0.8), int(size[0] * 1.12) + 1))
-    h = int(rng.integers(int(size[1] * 0.8), int(size[1] * 1.12) + 1))
-    # crop window at 0.9..1.25x the source's scale, shrunk to fit the photo
-    zoom = rng.uniform(0.9, 1.25)
-    cw, ch = w / zoom, h / zoom
-    fit = min(1.0, sw / cw, sh / ch)
-    cw, ch = cw * fit, ch * fit
-    x, y = rng.uniform(0, sw - cw), rng.uniform(0, sh - ch)
-    img = src.resize((w, h), Image.BICUBIC, box=(x, y, x + cw, y + ch))
+    w, h, box = crop_plan(rng, src.size, size)
+    img = src.resize((w, h), Image.BICUBIC, box=box)
     if rng.random() < 0.5:
         img = img.transpose(Image.FLIP_LEFT_RIGHT)
     img = img.filter(ImageFilter.UnsharpMask(radius=2, percent=int(rng.integers(80, 161)), threshold=2))
@@ -241,7 +250,7 @@ def make_sample(
     if not isinstance(out, (str, os.PathLike)) or not str(out):
         raise ConfigError(f"out must be a directory path, got {out!r}")
     out = Path(out)
-    photo_dir = _photo_dir()
+    photos_at = photo_dir()
 
     params = {"num_images": num_images, "num_classes": num_classes, "seed": seed, "size": list(size), "quality": quality}
     if out.exists() or out.is_symlink():
@@ -278,11 +287,11 @@ def make_sample(
     t0 = time.perf_counter()
     try:
         if workers == 1:
-            total = _write_chunk(jobs, str(photo_dir), seed, size, quality)
+            total = _write_chunk(jobs, str(photos_at), seed, size, quality)
         else:
             chunks = [jobs[i::workers] for i in range(workers)]
             with ProcessPoolExecutor(max_workers=workers) as ex:
-                futs = [ex.submit(_write_chunk, c, str(photo_dir), seed, size, quality) for c in chunks]
+                futs = [ex.submit(_write_chunk, c, str(photos_at), seed, size, quality) for c in chunks]
                 total = sum(f.result() for f in futs)
         marker = {
             "made_by": "fastload.make_sample",

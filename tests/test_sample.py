@@ -204,3 +204,29 @@ def test_full_sample_is_fast_enough(tmp_path):
     mean_kb = np.mean([p.stat().st_size for p in files]) / 1e3
     assert 80 < mean_kb < 120
     assert dt < 60, f"3000 images took {dt:.1f} s"
+
+
+def test_crop_plans_fit_their_photo_for_any_number_of_images():
+    """``fastload sample DIR --images 20000`` crashed on a window that rounding made a hair
+    wider than its photo (``high - low < 0``); every plan of a 20,000-image sample fits."""
+    from fastload import sample as s
+
+    photo_dir = s.photo_dir()
+    sizes = {}
+    for _name, photos in s.CLASS_PHOTOS:
+        for ph in photos:
+            with Image.open(photo_dir / ph) as im:
+                sizes[ph] = im.size
+    num_classes, num_images, size = 10, 20_000, (500, 375)
+    per_class = num_images // num_classes
+    tight = 0
+    for label in range(num_classes):
+        photos = s.CLASS_PHOTOS[label % len(s.CLASS_PHOTOS)][1]
+        for j in range(per_class):
+            rng = np.random.default_rng([0, label, j])
+            sw, sh = sizes[photos[int(rng.integers(len(photos)))]]
+            w, h, (x0, y0, x1, y1) = s.crop_plan(rng, (sw, sh), size)
+            assert w > 0 and h > 0
+            assert 0 <= x0 <= x1 <= sw and 0 <= y0 <= y1 <= sh, (label, j, (sw, sh), (x0, y0, x1, y1))
+            tight += x1 == sw or y1 == sh
+    assert tight > 0  # the rounding case is among them
