@@ -9,11 +9,29 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .errors import CorruptDataError, FastloadError, FormatError
-from .format import LABELS_NAME, decode_header, record_payload
+from .errors import CorruptDataError, FastloadError, FormatError, printable
+from .format import (
+    ENC_JPEG,
+    LABELS_NAME,
+    check_stored_size,
+    decode_header,
+    jpeg_frame,
+    payload_size,
+    record_payload,
+)
 from .imaging import pil_settings
-from .reader import read_manifest
-from .store import HeaderStats, check_shard_structure, file_sha256, iter_headers, iter_records, open_shard_readonly
+from .reader import claimed_samples_problem, read_manifest
+from .store import (
+    HeaderStats,
+    check_shard_structure,
+    file_problem,
+    file_sha256,
+    iter_headers,
+    iter_records,
+    open_shard_readonly,
+    read_regular,
+    stat_regular,
+)
 
 try:
     import lmdb
@@ -40,9 +58,11 @@ def inspect(path: str | os.PathLike) -> dict[str, Any]:
     for s in m.shards:
         p = root / s.file
         try:
-            size = p.stat().st_size
-        except OSError:
+            size = stat_regular(p, within=root).st_size  # a FIFO or a device would hang the open
+        except FileNotFoundError:
             raise FormatError(f"{p}: shard file is missing; run `fastload verify {root}`") from None
+        except OSError as e:
+            raise FormatError(f"{p}: shard file {file_problem(e)}; run `fastload verify {root}`") from None
         if size != s.bytes:
             raise CorruptDataError(f"{p}: {size} bytes, the manifest says {s.bytes}; run `fastload verify {root}`")
         try:
@@ -50,6 +70,8 @@ def inspect(path: str | os.PathLike) -> dict[str, Any]:
                 stats.add(h)
         except lmdb.Error as e:
             raise CorruptDataError(f"{p}: unreadable shard ({e}); run `fastload verify {root}`") from None
+        except OSError as e:
+            raise FormatError(f"{p}: cannot read shard: it {file_problem(e)}; run `fastload verify {root}`") from None
     st = stats.to_json()
     return {
         "path": str(root),
@@ -74,10 +96,17 @@ def inspect(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def format_inspect(info: dict[str, Any], *, max_classes: int = 50) -> str:
-    """Human-readable text of :func:`inspect`'s result."""
+    """Human-readable text of :func:`inspect`'s result.
+
+    Names from the manifest (class names, versions, dates) are printed with control and
+    other unprintable characters escaped (:func:`fastload.errors.printable`): a name cannot
+    move the cursor, recolour the terminal or break a line.
+    """
     w, h = info["width"], info["height"]
+    e = printable
     lines = [
-        f"{info['path']}: fastload format {info['format_version']} (fastload {info['fastload_version']}, created {info['created']})",
+        f"{e(info['path'])}: fastload format {e(info['format_version'])} (fastload {e(info['fastload_version'])}, "
+        f"created {e(info['created'])})",
         f"samples      {info['samples']}",
         f"classes      {len(info['classes'])}",
         f"shards       {len(info['shards'])}",
@@ -93,7 +122,7 @@ def format_inspect(info: dict[str, Any], *, max_classes: int = 50) -> str:
         "class counts:",
     ]
     for c in info["classes"][:max_classes]:
-        lines.append(f"  {c['count']:>9}  {c['name']}")
+        lines.append(f"  {c['count']:>9}  {e(c['name'])}")
     if len(info["classes"]) > max_classes:
         lines.append(f"  ... and {len(info['classes']) - max_classes} more (see --json)")
     return "\n".join(lines)
@@ -117,9 +146,20 @@ class VerifyReport:
         return self.ok
 
 
-def _decode_problem(payload: bytes, width: int, height: int) -> str | None:
+def _decode_problem(payload: bytes, encoding: int, width: int, height: int) -> str | None:
     from PIL import Image
 
+    # PIL sizes its output from the payload's own header (the last SOF of a JPEG): decode only a
+    # payload that declares exactly the header's size, which the pixel cap has bounded.
+    if encoding == ENC_JPEG:
+        frame = jpeg_frame(payload, to_scan=True)
+        declared = None if frame is None else frame[1:]
+    else:
+        declared = payload_size(payload, encoding)
+    if declared is None:
+        return "does not decode (no single frame header before its image data)"
+    if declared != (width, height):
+        return f"its payload declares {declared[0]}x{declared[1]} pixels, the header says {width}x{height}"
     try:
         with pil_settings():
             im = Image.open(io.BytesIO(payload))
@@ -134,9 +174,13 @@ def _decode_problem(payload: bytes, width: int, height: int) -> str | None:
 def verify(path: str | os.PathLike, *, decode: bool = False) -> VerifyReport:
     """Check a packed dataset against its manifest.
 
-    Checks labels.bin (size, SHA-256), every shard (present, size, SHA-256) and every
-    record (key sequence, header, label against labels.bin, payload CRC-32); with
-    ``decode=True`` also decodes every image with PIL and compares its size.
+    Checks labels.bin (size, SHA-256), every shard (a regular file inside the dataset
+    directory, size, SHA-256) and every record (key sequence, header, label against
+    labels.bin, payload CRC-32, the pixel cap, the size the payload's own frame header
+    declares); with ``decode=True`` also decodes every image with PIL and compares its
+    size (only a payload that declares exactly one frame of the header's size is decoded).
+    Only regular files are opened; ``labels.bin`` is read only once ``num_samples`` is
+    shown to fit in the shard files on disk.
 
     Returns:
         :class:`VerifyReport`; each problem names the shard or sample.
@@ -151,41 +195,56 @@ def verify(path: str | os.PathLike, *, decode: bool = False) -> VerifyReport:
     problems: list[str] = []
     labels = None
     lp = root / LABELS_NAME
+    shown_lp = printable(str(lp))
     try:
-        size = lp.stat().st_size  # before reading: a replaced file may be huge
-        raw = lp.read_bytes() if size == 4 * m.num_samples else b""
-        if size != 4 * m.num_samples or len(raw) != size:
-            problems.append(f"{lp}: {size} bytes, expected {4 * m.num_samples}")
-        elif hashlib.sha256(raw).hexdigest() != m.labels_sha256:
-            problems.append(f"{lp}: SHA-256 differs from the manifest (labels altered)")
+        size = stat_regular(lp).st_size  # before reading: a replaced file may be huge, or a FIFO
+        claimed = claimed_samples_problem(root, m) if size == 4 * m.num_samples else None
+        if size != 4 * m.num_samples:
+            problems.append(f"{shown_lp}: {size} bytes, expected {4 * m.num_samples}")
+        elif claimed:  # num_samples is not backed by real shard bytes: do not read 4 * num_samples
+            problems.append(printable(claimed))
         else:
-            labels = np.frombuffer(raw, dtype="<i4")
+            raw = read_regular(lp, size)
+            if hashlib.sha256(raw).hexdigest() != m.labels_sha256:
+                problems.append(f"{shown_lp}: SHA-256 differs from the manifest (labels altered)")
+            else:
+                labels = np.frombuffer(raw, dtype="<i4")
     except OSError as e:
-        problems.append(f"{lp}: cannot read ({e.strerror})")
+        problems.append(f"{shown_lp}: {file_problem(e)}")
 
+    max_pixels = m.max_pixels
     samples = 0
     for s in m.shards:
         p = root / s.file
+        shown = printable(str(p))
         try:
-            size = p.stat().st_size
-        except OSError:
-            problems.append(f"bad shard {p}: missing")
+            size = stat_regular(p, within=root).st_size  # a FIFO or a device would hang the open
+        except FileNotFoundError:
+            problems.append(f"bad shard {shown}: missing")
+            continue
+        except OSError as e:
+            problems.append(f"bad shard {shown}: {file_problem(e)}")
             continue
         if size != s.bytes:
-            problems.append(f"bad shard {p}: {size} bytes, the manifest says {s.bytes} (truncated or replaced)")
+            problems.append(f"bad shard {shown}: {size} bytes, the manifest says {s.bytes} (truncated or replaced)")
             continue  # opening a short file through mmap can crash the process
-        if file_sha256(p) != s.sha256:
-            problems.append(f"bad shard {p}: SHA-256 differs from the manifest")
+        try:
+            digest = file_sha256(p)
+        except OSError as e:
+            problems.append(f"bad shard {shown}: cannot read it ({file_problem(e)})")
+            continue
+        if digest != s.sha256:
+            problems.append(f"bad shard {shown}: SHA-256 differs from the manifest")
             damage = check_shard_structure(p, size)
             if damage:  # its records cannot be read safely: nothing more to learn from them
-                problems.append(f"bad shard {p}: damaged LMDB structure ({damage})")
+                problems.append(f"bad shard {shown}: damaged LMDB structure ({damage})")
                 continue
         bad: list[str] = []
         expected = s.first
         try:
             with open_shard_readonly(p) as env:
-                for i, v in iter_records(env, str(p)):
-                    where = f"sample {i} in {p}"
+                for i, v in iter_records(env, shown):
+                    where = f"sample {i} in {shown}"
                     if i != expected:
                         bad.append(f"{where}: unexpected key (expected sample {expected})")
                         expected = i
@@ -195,22 +254,30 @@ def verify(path: str | os.PathLike, *, decode: bool = False) -> VerifyReport:
                         h = decode_header(v, where=where)
                         if labels is not None and 0 <= i < len(labels) and int(labels[i]) != h.label:
                             raise CorruptDataError(f"{where}: label {h.label} differs from labels.bin ({int(labels[i])})")
+                        check_stored_size(h, None, max_pixels=max_pixels, where=where)  # before any decode
                         payload = record_payload(v, h, check=True, where=where)
-                        if decode:
-                            why = _decode_problem(payload, h.width, h.height)
+                        declared = payload_size(payload, h.encoding)  # a few bytes of its frame header
+                        if declared is not None and declared != (h.width, h.height):
+                            raise CorruptDataError(
+                                f"{where}: its payload declares {declared[0]}x{declared[1]} pixels, the header says {h.width}x{h.height}"
+                            )
+                        if decode:  # also what the payload's headers cannot show: that it decodes
+                            why = _decode_problem(payload, h.encoding, h.width, h.height)
                             if why:
                                 raise CorruptDataError(f"{where}: {why}")
                     except FastloadError as e:
                         bad.append(str(e))
         except lmdb.Error as e:
-            bad.append(f"bad shard {p}: unreadable LMDB ({e})")
+            bad.append(f"bad shard {shown}: unreadable LMDB ({e})")
+        except OSError as e:
+            bad.append(f"bad shard {shown}: cannot open it ({file_problem(e)})")
         except FastloadError as e:
-            bad.append(f"bad shard {p}: {e}")
+            bad.append(f"bad shard {shown}: {e}")
         if expected != s.first + s.count:
-            bad.append(f"bad shard {p}: holds samples {s.first}..{expected - 1}, the manifest says {s.first}..{s.first + s.count - 1}")
+            bad.append(f"bad shard {shown}: holds samples {s.first}..{expected - 1}, the manifest says {s.first}..{s.first + s.count - 1}")
         problems.extend(bad[:MAX_PROBLEMS_PER_SHARD])
         if len(bad) > MAX_PROBLEMS_PER_SHARD:
-            problems.append(f"bad shard {p}: ... and {len(bad) - MAX_PROBLEMS_PER_SHARD} more bad samples")
+            problems.append(f"bad shard {shown}: ... and {len(bad) - MAX_PROBLEMS_PER_SHARD} more bad samples")
     return VerifyReport(root, problems, len(m.shards), samples, bool(decode))
 
 

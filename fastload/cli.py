@@ -234,7 +234,7 @@ def _add_inspect(sub) -> None:
         from .checks import format_inspect, inspect
 
         info = inspect(args.path)
-        print(json.dumps(info, indent=1, ensure_ascii=False) if args.json else format_inspect(info))
+        print(json.dumps(info, indent=1, ensure_ascii=True) if args.json else format_inspect(info))
         return 0
 
     p.set_defaults(func=run)

@@ -67,18 +67,26 @@ class LoaderError(FastloadError):
     """A batch could not be produced by the loader's background pipeline."""
 
 
-def printable(text: str) -> str:
-    """``text`` with control characters (ANSI escapes, newlines, NUL, C1 codes) and lone
-    surrogates from undecodable names escaped as ``\\xNN``/``\\uNNNN``, safe to print on one line."""
+def printable(s: str) -> str:
+    """``s`` made safe to print on one line: control, format and other unprintable characters
+    escaped (``\\x1b``, ``\\u202e``), undecodable bytes kept by ``surrogateescape`` shown as
+    ``\\xNN``, other lone surrogates as ``\\udNNN``. Printable text (any script) is unchanged."""
+    if s.isprintable():
+        return s
     out = []
-    for ch in text:
-        o = ord(ch)
-        if o < 0x20 or 0x7F <= o < 0xA0:
+    for c in s:
+        if c.isprintable():
+            out.append(c)
+            continue
+        o = ord(c)
+        if 0xDC80 <= o <= 0xDCFF:  # a byte that was not UTF-8 (surrogateescape)
+            out.append(f"\\x{o - 0xDC00:02x}")
+        elif o < 0x100:
             out.append(f"\\x{o:02x}")
-        elif 0xD800 <= o < 0xE000:
-            out.append(f"\\x{o - 0xDC00:02x}" if 0xDC80 <= o < 0xDD00 else f"\\u{o:04x}")
+        elif o < 0x10000:
+            out.append(f"\\u{o:04x}")
         else:
-            out.append(ch)
+            out.append(f"\\U{o:08x}")
     return "".join(out)
 
 

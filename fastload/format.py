@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import reprlib
 import struct
 import zlib
 from typing import Any, NamedTuple
 
-from .errors import CorruptDataError, FormatError
+from .errors import CorruptDataError, FormatError, printable  # noqa: F401 - printable: re-exported for older imports
 
 FORMAT_NAME = "fastload"
 #: Manifest format version "MAJOR.MINOR". Readers refuse a newer MAJOR.
@@ -60,6 +61,27 @@ MANIFEST_NAME = "manifest.json"
 LABELS_NAME = "labels.bin"
 LABELS_DTYPE = "<i4"
 
+# -- caps a reader checks before it allocates anything (docs/format.md, "Limits") ----------------
+#: Largest ``manifest.json`` a reader reads, bytes (its size is checked before it is read).
+MAX_MANIFEST_BYTES = 1 << 30
+#: Most samples a dataset may hold (keys are u64; 2**53 keeps every count exact as a float too).
+MAX_SAMPLES = 2**53
+#: Most classes a dataset may have.
+MAX_CLASSES = 2**24
+#: Largest shard file, bytes (the largest file size an ``off_t`` can express).
+MAX_SHARD_BYTES = 2**63 - 1
+#: Fewest bytes one record takes in a shard file: its 40-byte header, its 8-byte key, LMDB's
+#: 8-byte leaf-node header and 2-byte slot in the page's node table. A shard of ``bytes`` bytes
+#: holds at most ``bytes // MIN_RECORD_BYTES`` records.
+MIN_RECORD_BYTES = HEADER_SIZE + KEY.size + 8 + 2
+#: Most pixels of one stored image when the manifest's ``options.max_pixels`` is absent (PIL's limit).
+DEFAULT_MAX_PIXELS = 89_478_485
+#: Most JPEG marker segments (and fill bytes) walked to find the frame header (SOF).
+MAX_JPEG_SEGMENTS = 1024
+
+#: What a shard file name may be: a plain name in the dataset directory, ending in ``.lmdb``.
+SHARD_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\.lmdb\Z")
+
 
 def shard_name(i: int) -> str:
     """File name of shard ``i``."""
@@ -69,6 +91,15 @@ def shard_name(i: int) -> str:
 def key(index: int) -> bytes:
     """LMDB key of the sample with global index ``index``."""
     return KEY.pack(index)
+
+
+def valid_shard_name(name: str) -> bool:
+    """Whether ``name`` may name a shard file: a plain name such as ``shard-00000.lmdb``.
+
+    ASCII letters, digits, ``_``, ``.`` and ``-`` only, not starting with ``.`` or ``-``,
+    ending in ``.lmdb``: no directory part, no ``..``, nothing that needs escaping.
+    """
+    return isinstance(name, str) and SHARD_NAME_RE.match(name) is not None
 
 
 class RecordHeader(NamedTuple):
@@ -151,6 +182,112 @@ def decode_header(value: bytes | memoryview, *, where: str = "record") -> Record
     return RecordHeader(enc, flags, label, w, h, ow, oh, crc, plen, pathlen)
 
 
+# JPEG markers by what the walk does with them: 0 a segment with a length (skipped), 1 a frame
+# header (SOF0..SOF15 but DHT C4, JPG C8, DAC CC), 2 start of scan or end of image (the walk ends),
+# 3 a marker without a length (TEM, RSTn, SOI), 4 a fill byte (FF).
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_JPEG_KIND = bytes(
+    1 if m in _SOF else 2 if m in (0xD9, 0xDA) else 3 if m == 0x01 or 0xD0 <= m <= 0xD8 else 4 if m == 0xFF else 0
+    for m in range(256)
+)
+_MARKER = struct.Struct(">BBH")  # FF, marker, segment length
+_SOF_SIZE = struct.Struct(">HH")  # height, width (after the precision byte)
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def jpeg_frame(
+    b: bytes,
+    *,
+    to_scan: bool = False,
+    _kind: bytes = _JPEG_KIND,  # bound here: this runs on every read
+    _marker: Any = _MARKER.unpack_from,
+    _sof: Any = _SOF_SIZE.unpack_from,
+) -> tuple[int, int, int] | None:
+    """``(SOF marker, width, height)`` of a JPEG's frame header, found by walking its marker segments.
+
+    Reads four bytes per segment, never the entropy-coded data: it stops at the first SOFn
+    (what decoders size their output from), or with ``to_scan`` at the start of the first
+    scan, then also refusing a second SOF (PIL uses the last one). The walk is strict, as
+    ``pack``'s JPEG header scan: segments follow each other with no junk between them.
+    None if the bytes do not start with SOI, reach no SOF (or no scan) within
+    :data:`MAX_JPEG_SEGMENTS` steps, or end inside a marker. The read side checks every
+    payload with it; ``pack`` can use it for its JPEG header scan.
+    """
+    if b[:2] != b"\xff\xd8":
+        return None
+    i, steps, frame = 2, 0, None
+    try:
+        while steps < MAX_JPEG_SEGMENTS:
+            steps += 1
+            ff, m, length = _marker(b, i)
+            if ff != 0xFF:
+                return None
+            k = _kind[m]
+            if k == 0:
+                i += 2 + length
+            elif k == 1:
+                if frame is not None:
+                    return None
+                h, w = _sof(b, i + 5)
+                if not to_scan:
+                    return m, w, h
+                frame = m, w, h
+                i += 2 + length
+            elif k == 3:
+                i += 2
+            elif k == 4:
+                i += 1
+            else:
+                return frame if m == 0xDA else None
+    except struct.error:  # the bytes end inside a marker
+        return None
+    return None
+
+
+def png_size(b: bytes) -> tuple[int, int] | None:
+    """``(width, height)`` from a PNG's IHDR chunk, or None if it does not start like a PNG."""
+    if len(b) < 24 or b[:8] != _PNG_SIGNATURE or b[12:16] != b"IHDR":
+        return None
+    return int.from_bytes(b[16:20], "big"), int.from_bytes(b[20:24], "big")
+
+
+def payload_size(payload: bytes, encoding: int) -> tuple[int, int] | None:
+    """``(width, height)`` an encoded payload declares in its own header (None if it declares none);
+    for a JPEG, its first frame header (:func:`jpeg_frame`)."""
+    if encoding == ENC_JPEG:
+        frame = jpeg_frame(payload)
+        return None if frame is None else (frame[1], frame[2])
+    return png_size(payload) if encoding == ENC_PNG else None
+
+
+def check_stored_size(header: RecordHeader, payload: bytes | None, *, max_pixels: int, where: str = "record") -> None:
+    """Refuse a record whose image a decoder could not decode within ``max_pixels`` pixels.
+
+    The header is not covered by the payload's CRC-32, and decoders size their output from
+    the payload's own header: both must agree, and stay within the cap. With ``payload``
+    None, only the header is checked against the cap.
+
+    Raises:
+        CorruptDataError: more than ``max_pixels`` pixels, or a payload whose own header
+            declares another size than the record header (or none).
+    """
+    w, h = header.width, header.height
+    if w * h > max_pixels:
+        raise CorruptDataError(
+            f"{where}: header says the image is {w}x{h} = {w * h:,} pixels, more than the {max_pixels:,} "
+            "this dataset allows (options.max_pixels); the record header was altered"
+        )
+    if payload is None:
+        return
+    size = payload_size(payload, header.encoding)
+    if size != (w, h):
+        found = "no readable frame header" if size is None else f"{size[0]}x{size[1]}"
+        raise CorruptDataError(
+            f"{where}: header says the {ENCODINGS[header.encoding]} image is {w}x{h} but its payload declares {found}; "
+            "the record was altered (run `fastload verify`)"
+        )
+
+
 def record_path(value: bytes | memoryview, header: RecordHeader) -> str:
     """The source path stored in a record."""
     return bytes(value[HEADER_SIZE : HEADER_SIZE + header.path_len]).decode("utf-8", "surrogateescape")
@@ -191,10 +328,27 @@ class ShardInfo:
             s = cls(str(d["file"]), int(d["first"]), int(d["count"]), int(d["bytes"]), str(d["sha256"]))
         except (KeyError, TypeError, ValueError, OverflowError) as e:  # OverflowError: int(Infinity)
             raise FormatError(f"{where}: malformed shard entry {reprlib.repr(d)}: {e}") from None
-        bad_name = not s.file or any(c in s.file for c in "/\\\0") or s.file.startswith(".")
-        if s.first < 0 or s.count < 0 or s.bytes < 0 or bad_name:
+        if not valid_shard_name(s.file):
+            raise FormatError(
+                f"{where}: invalid shard entry {reprlib.repr(d)}: the file must be a plain name like "
+                "shard-00000.lmdb (letters, digits, '_', '.', '-'; no directory part)"
+            )
+        if s.first < 0 or s.count < 0 or s.bytes < 0:
             raise FormatError(f"{where}: invalid shard entry {reprlib.repr(d)}")
+        s.check_bounds(where=where)
         return s
+
+    def check_bounds(self, *, where: str) -> None:
+        """Refuse a count its file size cannot hold, and sizes past the documented caps."""
+        if not valid_shard_name(self.file):
+            raise FormatError(f"{where}: invalid shard file name {reprlib.repr(self.file)} (expected a plain name like shard-00000.lmdb)")
+        if self.bytes > MAX_SHARD_BYTES or self.first + self.count > MAX_SAMPLES:
+            raise FormatError(f"{where}: shard {self.file} claims {self.bytes} bytes and samples {self.first}+{self.count}, past the format's limits")
+        if self.count * MIN_RECORD_BYTES > self.bytes:
+            raise FormatError(
+                f"{where}: shard {self.file} claims {self.count} records in {self.bytes} bytes; a record takes at "
+                f"least {MIN_RECORD_BYTES} bytes (the manifest was altered)"
+            )
 
 
 @dataclasses.dataclass
@@ -212,6 +366,20 @@ class Manifest:
     created: str = ""
     fastload_version: str = ""
     version: str = FORMAT_VERSION
+
+    @property
+    def max_pixels(self) -> int:
+        """Most pixels of one stored image: ``options.max_pixels`` (the pack's ``--max-pixels``) if
+        present, else :data:`DEFAULT_MAX_PIXELS`. A decode never needs more than 3 bytes per pixel."""
+        return self._pixel_cap(MANIFEST_NAME)
+
+    def _pixel_cap(self, where: str) -> int:
+        v = self.options.get("max_pixels") if isinstance(self.options, dict) else None
+        if v is None:
+            return DEFAULT_MAX_PIXELS
+        if type(v) is not int or v < 1:
+            raise FormatError(f"{where}: options.max_pixels {reprlib.repr(v)} is not a positive integer")
+        return v
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -258,7 +426,16 @@ class Manifest:
             raise FormatError(f"{where}: format version {version!r} is not supported")
         try:
             n = int(d["num_samples"])
-            classes = [str(c) for c in d["classes"]]
+            if not 0 <= n <= MAX_SAMPLES:
+                raise FormatError(f"{where}: num_samples {n} is outside 0..{MAX_SAMPLES}")
+            for field in ("classes", "class_counts"):
+                if not isinstance(d[field], list):
+                    raise FormatError(f"{where}: {field} is a {type(d[field]).__name__}, not a list")
+                if len(d[field]) > MAX_CLASSES:
+                    raise FormatError(f"{where}: {len(d[field])} {field}, more than the {MAX_CLASSES} a dataset may have")
+            if not all(isinstance(c, str) for c in d["classes"]):
+                raise FormatError(f"{where}: a class name is not a string")
+            classes = list(d["classes"])
             counts = [int(c) for c in d["class_counts"]]
             shards = [ShardInfo.from_json(s, where=where) for s in d["shards"]]
             labels_sha = str(d["labels"]["sha256"])
@@ -282,9 +459,15 @@ class Manifest:
         return m
 
     def validate(self, *, where: str = MANIFEST_NAME) -> None:
-        """Check internal consistency: contiguous shards, counts that add up."""
-        if self.num_samples < 0:
-            raise FormatError(f"{where}: negative num_samples")
+        """Check internal consistency and the documented caps: contiguous shards, counts that add
+        up, counts each shard's size can hold, shard names, ``options.max_pixels``."""
+        if not 0 <= self.num_samples <= MAX_SAMPLES:
+            raise FormatError(f"{where}: num_samples {self.num_samples} is outside 0..{MAX_SAMPLES}")
+        if len(self.classes) > MAX_CLASSES:
+            raise FormatError(f"{where}: {len(self.classes)} classes, more than the {MAX_CLASSES} a dataset may have")
+        for s in self.shards:
+            s.check_bounds(where=where)
+        self._pixel_cap(where)  # refuses an unusable options.max_pixels
         nxt = 0
         for s in self.shards:
             if s.first != nxt:

@@ -6,25 +6,41 @@ import bisect
 import hashlib
 import operator
 import os
+import stat
 import zlib
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
-from .errors import CorruptDataError, DependencyError, FormatError
+from .errors import CorruptDataError, DependencyError, FormatError, printable
 from .format import (
+    ENC_JPEG,
     HEADER_SIZE,
     LABELS_NAME,
     MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    MIN_RECORD_BYTES,
     Manifest,
     RecordHeader,
     KEY,
     ShardInfo,
+    check_stored_size,
     decode_header,
+    jpeg_frame,
+    payload_size,
     record_path,
 )
-from .store import check_once, shared_env
+from .store import (
+    UnusableFileError,
+    check_once,
+    file_identity,
+    file_problem,
+    open_regular,
+    read_regular,
+    shared_env,
+    stat_regular,
+)
 
 try:  # lmdb is a hard dependency; keep the hint readable anyway
     import lmdb
@@ -34,21 +50,71 @@ except ImportError as e:  # pragma: no cover - exercised only without lmdb
 
 
 def read_manifest(path: str | os.PathLike) -> Manifest:
-    """Read and validate ``manifest.json`` of the dataset directory ``path``."""
+    """Read and validate ``manifest.json`` of the dataset directory ``path``.
+
+    Only a regular file of at most :data:`~fastload.format.MAX_MANIFEST_BYTES` is read.
+    """
     root = Path(path)
-    if not root.exists():
-        raise FormatError(f"{root}: no such dataset directory; create one with `fastload pack SRC {root}`")
-    if not root.is_dir():
-        raise FormatError(f"{root}: not a directory; a packed dataset is a directory made by `fastload pack`")
-    mpath = root / MANIFEST_NAME
-    if not mpath.is_file():
-        hint = " (an unfinished pack: continue it with `fastload pack --resume`)" if any(root.glob("*.tmp")) else ""
-        raise FormatError(f"{mpath}: missing manifest; {root} is not a complete fastload dataset{hint}")
+    shown = printable(str(root))
     try:
-        text = mpath.read_bytes()
+        st = os.stat(root)
+    except FileNotFoundError:
+        raise FormatError(f"{shown}: no such dataset directory; create one with `fastload pack SRC {shown}`") from None
+    except (OSError, ValueError) as e:  # a NUL in the name, a name the file system cannot encode, ELOOP...
+        raise FormatError(f"{shown}: not a usable dataset path ({getattr(e, 'strerror', None) or e})") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise FormatError(f"{shown}: not a directory; a packed dataset is a directory made by `fastload pack`")
+    mpath = root / MANIFEST_NAME
+    try:
+        fd, st = open_regular(mpath)
+    except FileNotFoundError:
+        hint = " (an unfinished pack: continue it with `fastload pack --resume`)" if any(root.glob("*.tmp")) else ""
+        raise FormatError(f"{mpath}: missing manifest; {root} is not a complete fastload dataset{hint}") from None
+    except OSError as e:
+        raise FormatError(f"{mpath}: cannot read manifest: it {file_problem(e)}") from None
+    try:
+        with open(fd, "rb", closefd=True) as f:
+            if st.st_size > MAX_MANIFEST_BYTES:
+                raise FormatError(
+                    f"{mpath}: {st.st_size} bytes, more than the {MAX_MANIFEST_BYTES} a manifest may have; "
+                    "it is not a fastload manifest or it was damaged: pack the dataset again"
+                )
+            text = f.read(st.st_size + 1)  # a read of n bytes allocates n: ask only for what is there
     except OSError as e:
         raise FormatError(f"{mpath}: cannot read manifest: {e.strerror}") from None
+    if len(text) > st.st_size:
+        raise FormatError(f"{mpath}: grew while being read; a manifest is written once, atomically: open the dataset again")
     return Manifest.loads(text, where=str(mpath))
+
+
+def claimed_samples_problem(root: str | os.PathLike, manifest: Manifest) -> str | None:
+    """Why the shard files on disk cannot hold the samples the manifest claims, or None.
+
+    Looks only at the shards' sizes (``os.stat``, nothing read): a record takes at least
+    :data:`~fastload.format.MIN_RECORD_BYTES` bytes of its shard, so ``num_samples`` must fit
+    in the bytes the shard files really have (each counted up to its manifest size). Checked
+    before ``labels.bin`` is read, so a forged ``num_samples`` cannot make a reader allocate
+    more than a fraction of the dataset's real size. Missing or wrong-sized shards are
+    otherwise reported when they are first read.
+    """
+    have, first_bad = 0, None
+    for s in manifest.shards:
+        p = os.path.join(root, s.file)
+        try:
+            size = stat_regular(p, within=root).st_size
+        except OSError as e:
+            size, why = 0, f"{p}: shard file {file_problem(e)}"
+        else:
+            why = None if size == s.bytes else f"{p}: shard is {size} bytes, the manifest says {s.bytes}"
+        have += min(size, s.bytes)
+        first_bad = first_bad or why
+    n = manifest.num_samples
+    if n * MIN_RECORD_BYTES <= have:
+        return None
+    return (
+        f"{os.path.join(root, MANIFEST_NAME)}: claims {n} samples but its shard files hold {have} bytes, room for at "
+        f"most {have // MIN_RECORD_BYTES} records ({first_bad}); the dataset is incomplete or was altered: pack it again"
+    )
 
 
 class Dataset:
@@ -71,6 +137,7 @@ class Dataset:
         self.check = bool(check)
         self.manifest = read_manifest(self.path)
         self._firsts = [s.first for s in self.manifest.shards]
+        self._max_pixels = self.manifest.max_pixels
         self._labels = self._read_labels()
         self._envs: list["lmdb.Environment" | None] = [None] * len(self.manifest.shards)
         self._pid = os.getpid()
@@ -80,12 +147,20 @@ class Dataset:
         p = self.path / LABELS_NAME
         n = self.manifest.num_samples
         try:
-            size = p.stat().st_size  # before reading: a replaced file may be huge
-            raw = p.read_bytes() if size == 4 * n else b""
+            size = stat_regular(p).st_size  # before reading: a replaced file may be huge, or a FIFO
         except OSError as e:
-            raise FormatError(f"{p}: cannot read labels: {e.strerror}") from None
-        if len(raw) != 4 * n:
+            raise FormatError(f"{p}: cannot read labels: it {file_problem(e)}") from None
+        if size != 4 * n:
             raise CorruptDataError(f"{p}: {size} bytes, expected {4 * n} for {n} samples; pack the dataset again")
+        problem = claimed_samples_problem(self.path, self.manifest)  # n is bounded by real bytes before 4n are read
+        if problem:
+            raise CorruptDataError(problem)
+        try:
+            raw = read_regular(p, size)
+        except UnusableFileError as e:
+            raise CorruptDataError(f"{p}: {e.strerror}; it was replaced: open the dataset again") from None
+        except OSError as e:
+            raise FormatError(f"{p}: cannot read labels: it {file_problem(e)}") from None
         if hashlib.sha256(raw).hexdigest() != self.manifest.labels_sha256:
             raise CorruptDataError(f"{p}: SHA-256 differs from the manifest; the labels were altered")
         labels = np.frombuffer(raw, dtype="<i4").astype(np.int64)
@@ -129,17 +204,20 @@ class Dataset:
             return env
         shard = self.manifest.shards[k]
         fpath = str(self.path / shard.file)
-        # A truncated file read through mmap kills the process with SIGBUS: check first.
+        # A truncated file read through mmap kills the process with SIGBUS: check first. Only a
+        # regular file inside the dataset directory is opened (a FIFO or a device would hang).
         try:
-            st = os.stat(fpath)
-        except OSError:
+            st = stat_regular(fpath, within=self.path)
+        except FileNotFoundError:
             raise FormatError(f"{fpath}: shard file is missing; the dataset is incomplete") from None
+        except OSError as e:
+            raise FormatError(f"{fpath}: shard file {file_problem(e)}; run `fastload verify {self.path}`") from None
         if st.st_size != shard.bytes:
             raise CorruptDataError(
                 f"{fpath}: shard is {st.st_size} bytes, the manifest says {shard.bytes}; "
                 "it was truncated or replaced (run `fastload verify`)"
             )
-        identity = (st.st_ino, st.st_size, st.st_mtime_ns)
+        identity = file_identity(st)
         problem = check_once(fpath, identity, first=shard.first, count=shard.count)
         if problem:
             raise CorruptDataError(f"{fpath}: damaged shard ({problem}); run `fastload verify {self.path}`")
@@ -147,15 +225,23 @@ class Dataset:
             env = shared_env(fpath, identity)
         except lmdb.Error as e:
             raise CorruptDataError(f"{fpath}: cannot open shard: {e}") from None
+        except OSError as e:
+            raise FormatError(f"{fpath}: cannot open shard: it {file_problem(e)}") from None
         self._envs[k] = env
         return env
 
     def _index(self, index: int) -> int:
         n = self.manifest.num_samples
-        try:
-            i = operator.index(index)
-        except TypeError:
-            raise TypeError(f"dataset index must be an integer, got {type(index).__name__}") from None
+        if type(index) is int:
+            i = index
+        else:
+            # numpy integers and 0-d integer arrays/tensors work; a bool does not (numpy reads it as a mask)
+            if isinstance(index, bool) or str(getattr(index, "dtype", "")) in ("bool", "torch.bool"):
+                raise TypeError(f"dataset index must be an integer, not a bool ({index!r})")
+            try:
+                i = operator.index(index)
+            except TypeError:
+                raise TypeError(f"dataset index must be an integer, got {type(index).__name__}") from None
         if i < 0:
             i += n
         if not 0 <= i < n:
@@ -183,6 +269,15 @@ class Dataset:
             raise CorruptDataError(f"{self._where(k, i)}: LMDB error: {e}") from None
         if header.label != self._labels[i]:
             raise CorruptDataError(f"{self._where(k, i)}: label {header.label} differs from labels.bin ({int(self._labels[i])})")
+        # The header is not covered by the CRC and a decoder sizes its output from the payload's
+        # own frame header: both must agree, within the dataset's pixel cap (a short marker walk).
+        if header.encoding == ENC_JPEG:
+            f = jpeg_frame(payload)
+            ok = f is not None and f[1] == header.width and f[2] == header.height
+        else:
+            ok = payload_size(payload, header.encoding) == (header.width, header.height)
+        if not ok or header.width * header.height > self._max_pixels:
+            check_stored_size(header, payload, max_pixels=self._max_pixels, where=self._where(k, i))
         if check and zlib.crc32(payload) != header.crc32:
             raise CorruptDataError(f"{self._where(k, i)}: payload CRC-32 mismatch (the image bytes were altered)")
         return header, payload, path
@@ -235,7 +330,7 @@ class Dataset:
         i = self._index(index)
         shard = self._shard_of(i)
         try:
-            src = self.source_path(i)
+            src = printable(self.source_path(i))  # the stored path may hold control characters
         except FormatError:
             src = "?"
         return f"sample {i} ({src}) in {self.path / shard.file}"
@@ -245,4 +340,4 @@ class Dataset:
             yield self[i]
 
 
-__all__ = ["Dataset", "read_manifest"]
+__all__ = ["Dataset", "read_manifest", "claimed_samples_problem"]

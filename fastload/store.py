@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import array
 import contextlib
+import errno
 import hashlib
 import mmap
 import os
+import stat
 import struct
 import threading
 from collections import Counter
@@ -47,6 +49,131 @@ _ENVS_LOCK = threading.Lock()
 _CHECKED: set[tuple[str, tuple[int, int, int]]] = set()
 
 
+# -- regular files only ------------------------------------------------------------------------
+# A FIFO, a device (a symlink to /dev/zero) or a directory where a dataset file should be makes
+# open() block, read() never end, or mmap fail: every file of a dataset is checked to be a regular
+# file before it is opened, opened with O_NONBLOCK (a FIFO swapped in meanwhile cannot block the
+# open) and checked again through its descriptor.
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+class UnusableFileError(OSError):
+    """A dataset file that exists but cannot be used: not a regular file, outside its dataset
+    directory, or replaced while being opened. ``strerror`` says what it is (``"is a FIFO, not a
+    regular file"``). An ``OSError``, so callers that handle I/O errors handle it too."""
+
+
+def file_kind(mode: int) -> str:
+    """``"a FIFO"``, ``"a directory"``, ``"a character device"``... for an ``st_mode``."""
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _require_regular(path: str, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise UnusableFileError(errno.EINVAL, f"is {file_kind(st.st_mode)}, not a regular file", path)
+
+
+def stat_regular(path: str | os.PathLike, *, within: str | os.PathLike | None = None) -> os.stat_result:
+    """``os.stat`` of a regular file; with ``within``, one that resolves inside that directory.
+
+    Raises:
+        FileNotFoundError: nothing is there.
+        UnusableFileError: it is not a regular file (a FIFO, a device, a directory, a dangling
+            symlink), or it resolves outside ``within``.
+        OSError: it cannot be looked at (permissions, a symlink loop, ...).
+    """
+    p = os.fspath(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        if os.path.islink(p):
+            raise UnusableFileError(errno.ENOENT, f"is a symlink to {os.readlink(p)!r}, which does not exist", p) from None
+        raise
+    except ValueError as e:  # an embedded NUL, or a name the file system encoding cannot express
+        raise UnusableFileError(errno.EINVAL, f"has an unusable name ({e})", p) from None
+    _require_regular(p, st)
+    if within is not None:
+        real, top = os.path.realpath(p), os.path.realpath(within)
+        if os.path.commonpath([real, top]) != top:
+            raise UnusableFileError(errno.EXDEV, f"resolves to {real!r}, outside the dataset directory", p)
+    return st
+
+
+def open_regular(path: str | os.PathLike, *, within: str | os.PathLike | None = None) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of a regular file and its ``fstat`` (see :func:`stat_regular`).
+
+    Checked before the open, opened with ``O_NONBLOCK`` and checked again through the
+    descriptor, so nothing swapped in between can block or feed endless bytes. The
+    caller closes the descriptor.
+    """
+    p = os.fspath(path)
+    stat_regular(p, within=within)
+    fd = os.open(p, _OPEN_FLAGS)
+    try:
+        st = os.fstat(fd)
+        _require_regular(p, st)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_regular(path: str | os.PathLike, size: int) -> bytes:
+    """The ``size`` bytes of a regular file whose size was checked already (refused if it changed)."""
+    p = os.fspath(path)
+    fd, st = open_regular(p)
+    with open(fd, "rb", buffering=0, closefd=True) as f:
+        if st.st_size != size:
+            raise UnusableFileError(errno.ESTALE, f"changed while being opened ({st.st_size} bytes, expected {size})", p)
+        data = f.read(size + 1)
+    if len(data) != size:
+        raise UnusableFileError(errno.ESTALE, f"changed while being read ({len(data)} bytes, expected {size})", p)
+    return data
+
+
+def file_problem(e: OSError) -> str:
+    """What an ``OSError`` of :func:`stat_regular` / :func:`open_regular` says about the file,
+    for a message: ``"is missing"``, ``"is a FIFO, not a regular file"``, ``"cannot be opened
+    (Permission denied)"``."""
+    if isinstance(e, UnusableFileError):
+        return str(e.strerror)
+    if isinstance(e, FileNotFoundError):
+        return "is missing"
+    return f"cannot be opened ({e.strerror or type(e).__name__})"
+
+
+def file_identity(st: os.stat_result) -> tuple[int, int, int]:
+    """A file's identity for the shared handles and the checked set: (inode, size, mtime)."""
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+_PROC_FD = os.path.isdir("/proc/self/fd")  # Linux: /proc/self/fd/N reopens the very file behind N
+
+
+def _lmdb_open(fd: int, path: str, **kw: Any) -> "lmdb.Environment":
+    """A read-only LMDB environment of exactly the file behind ``fd``.
+
+    LMDB opens ``/proc/self/fd/N`` (where there is one), so it maps the file that was checked
+    even if ``path`` is replaced meanwhile. py-lmdb tells open files apart by ``realpath``,
+    which resolves that name to the file's own: a second handle of one file is still refused.
+    LMDB's errors name ``path``.
+    """
+    name = f"/proc/self/fd/{fd}" if _PROC_FD else path
+    try:
+        return lmdb.open(name, subdir=False, readonly=True, lock=False, readahead=False, **kw)
+    except lmdb.Error as e:
+        if name == path:
+            raise
+        raise type(e)(str(e).replace(repr(name.encode()), path).replace(name, path)) from None
+
+
 # -- LMDB structure check ----------------------------------------------------------------------
 # LMDB trusts its own pages: a flipped bit in a page's node-offset table or a node's size makes
 # it read outside the file through its mmap, which kills the process with SIGBUS (or SIGSEGV).
@@ -77,8 +204,21 @@ def check_shard_structure(
     The values themselves are checked by their header, label and CRC-32.
     """
     try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            return _check_pages(mm, size, None if first is None or count is None else (first, count))
+        fd, st = open_regular(path)
+    except OSError as e:
+        return f"the file {file_problem(e)}"
+    try:
+        return _check_fd(fd, st, size, None if first is None or count is None else (first, count))
+    finally:
+        os.close(fd)
+
+
+def _check_fd(fd: int, st: os.stat_result, size: int, keys: tuple[int, int] | None) -> str | None:
+    if st.st_size != size:
+        return f"the file is {st.st_size} bytes, expected {size} (it changed while being checked)"
+    try:
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
+            return _check_pages(mm, size, keys)
     except (OSError, ValueError) as e:
         return f"cannot map the file ({getattr(e, 'strerror', None) or e})"
 
@@ -184,7 +324,16 @@ def _check_tree(flat: np.ndarray, psize: int, last: int, root: int, keys: tuple[
 
 
 def shared_env(path: str, identity: tuple[int, int, int] | None = None) -> "lmdb.Environment":
-    """This process's one read-only handle of the shard file ``path`` (reopened if ``identity`` changed)."""
+    """This process's one read-only handle of the shard file ``path`` (reopened if ``identity`` changed).
+
+    LMDB opens the very file that was checked (through its descriptor), and only if it
+    still has ``identity``.
+
+    Raises:
+        OSError: the file is not a regular file, or was replaced since it was checked
+            (:class:`UnusableFileError`), or cannot be opened.
+        lmdb.Error: LMDB cannot open it.
+    """
     k = (os.getpid(), path)
     with _ENVS_LOCK:
         env = _ENVS.get(k)
@@ -192,10 +341,11 @@ def shared_env(path: str, identity: tuple[int, int, int] | None = None) -> "lmdb
             env.close()  # the file on disk is not the one this handle maps
             env = None
         if env is None:
+            fd, st = open_regular(path)
             try:
-                env = lmdb.open(
-                    path, subdir=False, readonly=True, lock=False, readahead=False, meminit=False, max_readers=1024
-                )
+                if identity is not None and file_identity(st) != identity:
+                    raise UnusableFileError(errno.ESTALE, "was replaced while being opened; try again", path)
+                env = _lmdb_open(fd, path, meminit=False, max_readers=1024)
             except lmdb.Error:
                 # Forked after the parent opened this file: py-lmdb's registry of open
                 # files came along and refuses a second handle. The parent's read-only,
@@ -203,6 +353,8 @@ def shared_env(path: str, identity: tuple[int, int, int] | None = None) -> "lmdb
                 env = next((e for (pid, q), e in _ENVS.items() if q == path and pid != k[0]), None)
                 if env is None:
                     raise
+            finally:
+                os.close(fd)  # LMDB holds its own descriptor
             _ENVS[k] = env
             if identity is not None:
                 _ENV_IDS[k] = identity
@@ -235,9 +387,14 @@ def close_shared() -> None:
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    """SHA-256 of a file (read in 4 MiB blocks)."""
+    """SHA-256 of a regular file (read in 4 MiB blocks).
+
+    Raises:
+        OSError: the file cannot be read, or is not a regular file (:class:`UnusableFileError`).
+    """
     h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
+    fd, _st = open_regular(path)
+    with open(fd, "rb", buffering=0, closefd=True) as f:
         buf = bytearray(4 << 20)
         view = memoryview(buf)
         while n := f.readinto(buf):
@@ -253,23 +410,30 @@ def open_shard_readonly(path: str | os.PathLike) -> Iterator[Any]:
     If this process already holds the file open through a :class:`fastload.Dataset`
     (py-lmdb refuses a second handle), that handle is shared and left open.
 
+    The structure check and LMDB read the same file, through one descriptor.
+
     Raises:
         CorruptDataError: the file's LMDB structure is damaged (reading it could crash).
+        OSError: the file cannot be opened, or is not a regular file (:class:`UnusableFileError`).
         lmdb.Error: LMDB cannot open the file.
     """
     p = str(path)
-    problem = check_shard_structure(p, os.stat(p).st_size)
-    if problem:  # LMDB would read outside the file (and die of SIGBUS): refuse instead
-        raise CorruptDataError(f"{p}: damaged shard ({problem})")
+    fd, st = open_regular(p)
     shared = None
     try:
-        env = lmdb.open(p, subdir=False, readonly=True, lock=False, readahead=False)
-    except lmdb.Error:
-        real = os.path.realpath(p)
-        shared = next((e for (pid, q), e in list(_ENVS.items()) if pid == os.getpid() and os.path.realpath(q) == real), None)
-        if shared is None:
-            raise
-        env = shared
+        problem = _check_fd(fd, st, st.st_size, None)
+        if problem:  # LMDB would read outside the file (and die of SIGBUS): refuse instead
+            raise CorruptDataError(f"{p}: damaged shard ({problem})")
+        try:
+            env = _lmdb_open(fd, p)
+        except lmdb.Error:
+            real = os.path.realpath(p)
+            shared = next((e for (pid, q), e in list(_ENVS.items()) if pid == os.getpid() and os.path.realpath(q) == real), None)
+            if shared is None:
+                raise
+            env = shared
+    finally:
+        os.close(fd)
     try:
         yield env
     finally:
@@ -341,4 +505,5 @@ class HeaderStats:
 __all__ = [
     "check_shard_structure", "check_once", "shared_env", "close_shared", "open_shard_readonly",
     "iter_records", "iter_headers", "file_sha256", "HeaderStats",
+    "UnusableFileError", "file_kind", "stat_regular", "open_regular", "read_regular", "file_problem", "file_identity",
 ]  # fmt: skip
