@@ -26,7 +26,7 @@ import struct
 import zlib
 from typing import Any, NamedTuple
 
-from .errors import CorruptDataError, FormatError, printable  # noqa: F401 - printable: re-exported for older imports
+from .errors import CorruptDataError, FormatError
 
 FORMAT_NAME = "fastload"
 #: Manifest format version "MAJOR.MINOR". Readers refuse a newer MAJOR.

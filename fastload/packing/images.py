@@ -1,9 +1,13 @@
 """One image to its stored form: JPEG header scan, EXIF orientation, conversion, resize, limits.
 
-Plain 8-bit RGB Huffman JPEGs with no rotation are stored byte for byte; their header is
-walked without decoding (:func:`scan_jpeg`, :func:`fast_file`). Everything else is decoded
-with PIL and becomes an upright 8-bit RGB JPEG (:func:`process_task`). A refused image is
-``("skip", where, reason)``, never an exception.
+Plain 8-bit RGB Huffman JPEGs (SOF0/1/2) with no rotation are stored byte for byte; their
+header is walked without decoding (:func:`scan_jpeg`, :func:`fast_file`). Everything else is
+decoded with PIL and becomes an upright 8-bit RGB JPEG (:func:`process_task`). A refused
+image is ``("skip", where, reason)``, never an exception: whatever goes wrong with one
+image (an encoder limit, an odd mode, a decoder error) is that image's reason.
+
+Only regular files are read (opened non-blocking and checked with ``fstat``, so a FIFO or
+a device is refused, never waited on), and only up to :func:`max_file_bytes`.
 """
 
 from __future__ import annotations
@@ -11,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import stat
 import struct
 import zlib
 from typing import Any
 
 import numpy as np
 
-from ..errors import short_message
+from ..errors import printable, short_message
 from ..format import (
     ENC_JPEG,
     FLAG_CONVERTED,
@@ -29,11 +34,18 @@ from ..format import (
     RECORD_MAGIC,
     RECORD_VERSION,
     encode_record,
+    jpeg_frame,
 )
-from .sources import Task
+from .sources import Task, file_kind
 
 #: Bytes of EOF a JPEG's end-of-image marker is looked for in.
 EOI_WINDOW = 64
+#: The longest side a JPEG can hold: libjpeg (PIL, DALI's CPU decoder) refuses more.
+JPEG_MAX_SIDE = 65_500
+#: Bytes per pixel a real image needs at most (16-bit RGBA, uncompressed) ...
+FILE_BYTES_PER_PIXEL = 8
+#: ... plus this much for headers and metadata (EXIF, ICC profiles, XMP).
+FILE_SLACK_BYTES = 16 << 20
 
 _EXIF_ORIENTATION = 0x0112
 
@@ -47,6 +59,14 @@ class ImageOptions:
     baseline: bool = False
     max_pixels: int = 89_478_485
 
+
+def max_file_bytes(max_pixels: int) -> int:
+    """The largest file (or encoded image) read: ``8 * max_pixels + 16 MiB``.
+
+    An image within ``--max-pixels`` cannot need more (8 bytes per pixel is 16-bit RGBA
+    stored uncompressed), so a larger file is refused from its size, before it is read.
+    """
+    return FILE_BYTES_PER_PIXEL * max_pixels + FILE_SLACK_BYTES
 
 
 # ============================================================================ per-image work
@@ -79,12 +99,18 @@ def _to_rgb(im: Any) -> Any:
     mode = im.mode
     if mode == "RGB":
         return im
+    if mode in ("P", "PA") and im.palette is None:  # lost in pickling (Image.new("P") has an empty one)
+        im = im.copy()
+        im.putpalette(b"")
     if mode.startswith("I;16") or mode == "I":
         a = np.asarray(im).astype(np.int64) >> 8
         return Image.fromarray(np.clip(a, 0, 255).astype(np.uint8), "L").convert("RGB")
-    if mode == "F":
-        return im.convert("L").convert("RGB")
-    return im.convert("RGB")
+    try:
+        if mode == "F":
+            return im.convert("L").convert("RGB")
+        return im.convert("RGB")
+    except ValueError as e:  # PIL has no conversion from this mode ("La", ...)
+        raise _Refused(f"cannot convert mode {mode} to RGB ({short_message(e)})") from None
 
 
 def _encode_jpeg(im: Any, quality: int) -> bytes:
@@ -98,6 +124,26 @@ def _check_size(w: int, h: int, opts: ImageOptions) -> None:
         raise _Refused(f"invalid image size {w}x{h}")
     if w * h > opts.max_pixels:
         raise _Refused(f"decompression bomb: {w}x{h} pixels exceeds --max-pixels {opts.max_pixels}")
+
+
+def _check_side(w: int, h: int, opts: ImageOptions, *, jpeg: bool) -> None:
+    """Refuse, before decoding, a size no JPEG decoder reads (``jpeg``: the source is a
+    JPEG) or that the stored JPEG cannot hold after any ``--max-size`` shrink."""
+    if jpeg and max(w, h) > JPEG_MAX_SIDE:
+        raise _Refused(f"JPEG of {w}x{h} pixels: JPEG decoders (libjpeg) refuse a side above {JPEG_MAX_SIDE} pixels")
+    fw, fh = _target_size(w, h, opts.max_size) if opts.max_size and max(w, h) > opts.max_size else (w, h)
+    if max(fw, fh) > JPEG_MAX_SIDE:
+        raise _Refused(
+            f"{w}x{h} pixels: a JPEG side cannot exceed {JPEG_MAX_SIDE} pixels; shrink it with --max-size {JPEG_MAX_SIDE} or less"
+        )
+
+
+def _too_large(size: int, opts: ImageOptions, what: str = "file") -> _Refused:
+    limit = max_file_bytes(opts.max_pixels)
+    return _Refused(
+        f"{what} too large: {size} bytes, more than the {limit} bytes an image within --max-pixels {opts.max_pixels} "
+        f"can need ({FILE_BYTES_PER_PIXEL} bytes per pixel + 16 MiB)"
+    )
 
 
 def _finish(im: Any, opts: ImageOptions, flags: int, orientation: int, orig: tuple[int, int]) -> tuple[bytes, int, int, int]:
@@ -137,6 +183,10 @@ def _from_bytes(raw: bytes, opts: ImageOptions) -> tuple[bytes, int, int, int, i
         im = Image.open(io.BytesIO(raw))
     except UnidentifiedImageError:
         if is_jpeg:
+            sof = _sof_marker(raw)
+            bits = _sof_precision(raw)
+            if sof is not None and bits not in (None, 8):
+                raise _Refused(f"{bits}-bit {_frame_name(sof)} JPEG: only 8-bit JPEGs can be decoded and stored") from None
             raise _Refused("truncated or corrupt JPEG (cannot parse its header)") from None
         kind = next((k for sig, k in _SIGNATURES if raw.startswith(sig)), None)
         if kind:
@@ -148,10 +198,13 @@ def _from_bytes(raw: bytes, opts: ImageOptions) -> tuple[bytes, int, int, int, i
         raise _Refused(f"corrupt {'JPEG' if is_jpeg else 'image'} header ({short_message(e)})") from None
     w, h = im.size
     _check_size(w, h, opts)
-    if im.format in ("JPEG", "MPO"):
-        if _sof_marker(raw) in _SOF_HUFFMAN:  # PIL decodes a scan cut short into grey without a word
+    jpeg = im.format in ("JPEG", "MPO")
+    _check_side(w, h, opts, jpeg=jpeg)
+    if jpeg:
+        sof = _sof_marker(raw)
+        if sof in _SOF_HUFFMAN:  # PIL decodes a scan cut short into grey without a word
             _check_jpeg_length(w, h, len(raw))
-        return _from_jpeg(raw, im, opts)
+        return _from_jpeg(raw, im, opts, sof)
     fmt = im.format or "image"
     try:
         im.load()
@@ -162,7 +215,10 @@ def _from_bytes(raw: bytes, opts: ImageOptions) -> tuple[bytes, int, int, int, i
     return payload, flags, sw, sh, w, h
 
 
-def _from_jpeg(raw: bytes, im: Any, opts: ImageOptions) -> tuple[bytes, int, int, int, int, int]:
+def _from_jpeg(raw: bytes, im: Any, opts: ImageOptions, sof: int | None) -> tuple[bytes, int, int, int, int, int]:
+    """A JPEG stored byte for byte when decoders all read it (8-bit RGB, Huffman SOF0/1/2,
+    upright, within --max-size), else decoded and re-encoded (``FLAG_CONVERTED`` for
+    another frame type or colour mode)."""
     w, h = im.size
     loaded = False
     if b"\xff\xd9" not in raw[-EOI_WINDOW:]:
@@ -170,12 +226,14 @@ def _from_jpeg(raw: bytes, im: Any, opts: ImageOptions) -> tuple[bytes, int, int
         try:
             im.load()
             loaded = True
-        except Exception:
+        except Exception as e:
+            if sof is not None and sof not in _SOF_PASSTHROUGH:
+                raise _Refused(f"{_frame_name(sof)} JPEG cannot be decoded ({short_message(e)})") from None
             raise _Refused("truncated JPEG (no end-of-image marker)") from None
     orientation = _orientation(im)
     progressive = bool(im.info.get("progressive") or im.info.get("progression"))
     shrink = bool(opts.max_size) and max(w, h) > opts.max_size  # type: ignore[operator]
-    plain = im.mode == "RGB" and getattr(im, "bits", 8) == 8
+    plain = im.mode == "RGB" and getattr(im, "bits", 8) == 8 and sof in _SOF_PASSTHROUGH and _one_frame_of(raw, w, h)
     if plain and orientation == 1 and not shrink and not (opts.baseline and progressive):
         return raw, (FLAG_PROGRESSIVE if progressive else 0), w, h, w, h
     flags = 0
@@ -186,6 +244,8 @@ def _from_jpeg(raw: bytes, im: Any, opts: ImageOptions) -> tuple[bytes, int, int
     try:
         im.load()
     except Exception as e:
+        if sof is not None and sof not in _SOF_PASSTHROUGH:
+            raise _Refused(f"{_frame_name(sof)} JPEG cannot be decoded ({short_message(e)})") from None
         raise _Refused(f"corrupt JPEG ({short_message(e)})") from None
     payload, flags, sw, sh = _finish(im, opts, flags, orientation, (w, h))
     return payload, flags, sw, sh, w, h
@@ -194,6 +254,7 @@ def _from_jpeg(raw: bytes, im: Any, opts: ImageOptions) -> tuple[bytes, int, int
 def _from_pil(im: Any, opts: ImageOptions) -> tuple[bytes, int, int, int, int, int]:
     w, h = im.size
     _check_size(w, h, opts)
+    _check_side(w, h, opts, jpeg=False)
     try:
         im.load()
     except Exception as e:
@@ -213,6 +274,7 @@ def _from_array(a: np.ndarray, opts: ImageOptions) -> tuple[bytes, int, int, int
         raise _Refused(f"array shape {a.shape} is not HxW, HxWx1, HxWx3 or HxWx4")
     h, w = a.shape[:2]
     _check_size(w, h, opts)
+    _check_side(w, h, opts, jpeg=False)
     mode = "L" if a.ndim == 2 else ("RGB" if a.shape[2] == 3 else "RGBA")
     im = Image.fromarray(np.ascontiguousarray(a), mode)
     payload, flags, sw, sh = _finish(im, opts, FLAG_CONVERTED, 1, (w, h))
@@ -224,6 +286,18 @@ def _from_array(a: np.ndarray, opts: ImageOptions) -> tuple[bytes, int, int, int
 _SOF_PASSTHROUGH = {0xC0: False, 0xC1: False, 0xC2: True}  # SOF marker -> progressive (Huffman, 8-bit)
 _SOF_ANY = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 _SOF_HUFFMAN = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7}  # the others are arithmetic-coded
+_SOF_NAMES = {
+    0xC0: "baseline", 0xC1: "extended sequential", 0xC2: "progressive", 0xC3: "lossless",
+    0xC5: "differential sequential", 0xC6: "differential progressive", 0xC7: "differential lossless",
+    0xC9: "arithmetic-coded extended sequential", 0xCA: "arithmetic-coded progressive",
+    0xCB: "arithmetic-coded lossless", 0xCD: "arithmetic-coded differential sequential",
+    0xCE: "arithmetic-coded differential progressive", 0xCF: "arithmetic-coded differential lossless",
+}  # fmt: skip
+
+
+def _frame_name(sof: int) -> str:
+    """The JPEG frame type of an SOFn marker in words, e.g. ``"lossless (SOF3)"``."""
+    return f"{_SOF_NAMES[sof]} (SOF{sof - 0xC0})"
 
 
 def _check_jpeg_length(w: int, h: int, nbytes: int) -> None:
@@ -238,22 +312,42 @@ def _check_jpeg_length(w: int, h: int, nbytes: int) -> None:
         raise _Refused(f"JPEG header claims {w}x{h} pixels but the file has only {nbytes} bytes (at least {need} needed): forged or truncated")
 
 
-def _sof_marker(b: bytes) -> int | None:
-    """The first SOFn marker of a JPEG, found by walking its segments (None if there is none)."""
-    i, n = 2, len(b)
+def _sof_offsets(b: bytes) -> list[int]:
+    """Where the SOFn segments before the first scan of a JPEG start, found by walking its
+    segments from SOI (stops at anything that is not a marker)."""
+    i, n, found = 2, len(b), []
     while i + 4 <= n and b[i] == 0xFF:
         m = b[i + 1]
         if m == 0xFF:
             i += 1
         elif 0xD0 <= m <= 0xD8 or m == 0x01:
             i += 2
-        elif m in _SOF_ANY:
-            return m
         elif m in (0xD9, 0xDA):
-            return None
+            break
         else:
+            if m in _SOF_ANY:
+                found.append(i)
             i += 2 + ((b[i + 2] << 8) | b[i + 3])
-    return None
+    return found
+
+
+def _sof_marker(b: bytes) -> int | None:
+    """The first SOFn marker of a JPEG, found by walking its segments (None if there is none)."""
+    found = _sof_offsets(b)
+    return b[found[0] + 1] if found else None
+
+
+def _sof_precision(b: bytes) -> int | None:
+    """The sample precision (bits) in the first SOFn segment of a JPEG, if it has one."""
+    found = _sof_offsets(b)
+    return b[found[0] + 4] if found and found[0] + 4 < len(b) else None
+
+
+def _one_frame_of(b: bytes | memoryview, w: int, h: int) -> bool:
+    """Whether the readers will take this JPEG as it is: exactly one SOFn before its first
+    scan, declaring ``w x h``, within the readers' segment walk (:func:`fastload.format.jpeg_frame`)."""
+    frame = jpeg_frame(b, to_scan=True)
+    return frame is not None and frame[1:] == (w, h)
 
 
 def _exif_orientation(b: memoryview, t: int, end: int) -> int | None:
@@ -327,15 +421,81 @@ def scan_jpeg(b: memoryview) -> tuple[int, int, bool] | None:
     return None
 
 
+def _open_image_file(path: str, opts: ImageOptions) -> tuple[int, int]:
+    """``(fd, size)`` of a regular file of at most :func:`max_file_bytes`, opened for reading.
+
+    Opened non-blocking, so a FIFO (or a device) is refused from ``fstat``, never waited
+    on, even when it replaced a regular file after the scan.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except ValueError:  # a NUL in the path
+        raise _Refused("unreadable (the path contains a NUL character)") from None
+    except OSError as e:
+        try:  # a socket cannot be opened at all: say what it is
+            mode = os.stat(path).st_mode
+        except (OSError, ValueError):
+            mode = stat.S_IFREG
+        if not stat.S_ISREG(mode):
+            raise _Refused(f"not a regular file ({file_kind(mode)})") from None
+        raise _Refused(f"unreadable ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _Refused(f"not a regular file ({file_kind(st.st_mode)})")
+        if st.st_size > max_file_bytes(opts.max_pixels):
+            raise _too_large(st.st_size, opts)
+        os.set_blocking(fd, True)
+    except BaseException as e:
+        os.close(fd)
+        if isinstance(e, OSError):
+            raise _Refused(f"unreadable ({e.strerror or e})") from None
+        raise
+    return fd, st.st_size
+
+
+def _read_file(path: str, opts: ImageOptions) -> bytes:
+    """The bytes of an image file, never more than :func:`max_file_bytes` (it may grow)."""
+    fd, size = _open_image_file(path, opts)
+    limit = max_file_bytes(opts.max_pixels)
+    chunks: list[bytes] = []
+    got = 0
+    try:
+        with open(fd, "rb", buffering=0) as f:
+            want = size  # the whole file as fstat saw it, then whatever it grew by
+            while got <= limit:
+                more = f.read(min(want or (1 << 20), limit + 1 - got))
+                if not more:
+                    break
+                chunks.append(more)
+                got += len(more)
+                want = 0
+    except OSError as e:
+        raise _Refused(f"unreadable ({e.strerror or e})") from None
+    if got > limit:
+        raise _too_large(got, opts)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
 def fast_file(task: Task, opts: ImageOptions) -> bytes | bytearray | tuple | None:
     """The record of a plain JPEG file read straight into the record buffer, a
-    ``("skip", ...)`` for an unreadable or empty file, or None: take the full path."""
+    ``("skip", ...)`` for an unreadable, empty, too large or non-regular file, or None:
+    take the full path (which also takes anything unexpected here)."""
+    try:
+        return _fast_file(task, opts)
+    except _Refused as r:
+        return ("skip", task[4], printable(str(r.args[0])))
+    except Exception:  # MemoryError, ...: the full path decides, and says why
+        return None
+
+
+def _fast_file(task: Task, opts: ImageOptions) -> bytes | bytearray | tuple | None:
     _kind, path, label, name, where = task
     path_b = name.encode("utf-8", "surrogateescape")[:65535]
     off = HEADER_SIZE + len(path_b)
+    fd, size = _open_image_file(path, opts)
     try:
-        with open(path, "rb", buffering=0) as f:
-            size = os.fstat(f.fileno()).st_size
+        with open(fd, "rb", buffering=0) as f:
             if size == 0:
                 return ("skip", where, "zero-byte file")
             if os.pread(f.fileno(), 3, 0) != b"\xff\xd8\xff":
@@ -353,12 +513,11 @@ def fast_file(task: Task, opts: ImageOptions) -> bytes | bytearray | tuple | Non
         if info is None:
             return None
         w, h, progressive = info
-        if w * h > opts.max_pixels:
-            return ("skip", where, f"decompression bomb: {w}x{h} pixels exceeds --max-pixels {opts.max_pixels}")
-        try:
-            _check_jpeg_length(w, h, size)
-        except _Refused as r:
-            return ("skip", where, str(r.args[0]))
+        if not _one_frame_of(payload, w, h):
+            return None  # past the readers' segment walk: the full path converts it
+        _check_size(w, h, opts)
+        _check_side(w, h, opts, jpeg=True)
+        _check_jpeg_length(w, h, size)
         if (opts.max_size and max(w, h) > opts.max_size) or (opts.baseline and progressive):
             return None
         if b"\xff\xd9" not in bytes(payload[-EOI_WINDOW:]):
@@ -391,13 +550,10 @@ def process_task(task: Task, opts: ImageOptions) -> bytes | tuple:
     kind, data, label, name, where = task
     try:
         if kind == "file":
-            try:
-                with open(data, "rb") as f:
-                    raw = f.read()
-            except OSError as e:
-                raise _Refused(f"unreadable ({e.strerror or e})") from None
-            return _record(_from_bytes(raw, opts), label, name)
+            return _record(_from_bytes(_read_file(data, opts), opts), label, name)
         if kind == "bytes":
+            if len(data) > max_file_bytes(opts.max_pixels):
+                raise _too_large(len(data), opts, "image bytes")
             return _record(_from_bytes(data, opts), label, name)
         if kind == "pil":
             return _record(_from_pil(data, opts), label, name)
@@ -405,6 +561,8 @@ def process_task(task: Task, opts: ImageOptions) -> bytes | tuple:
             return _record(_from_array(data, opts), label, name)
         raise _Refused(str(data))  # "error": the item could not be fetched
     except _Refused as r:
-        return ("skip", where, str(r.args[0]))
+        return ("skip", where, printable(str(r.args[0])))
     except MemoryError:
         return ("skip", where, "out of memory while decoding (lower --max-pixels?)")
+    except Exception as e:  # anything else that goes wrong with one image is its reason, never the pack's end
+        return ("skip", where, printable(f"cannot convert this image ({type(e).__name__}: {short_message(e)})"))

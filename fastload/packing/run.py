@@ -18,10 +18,13 @@ How a pack runs:
 from __future__ import annotations
 
 import dataclasses
+import fractions
 import logging
+import math
+import operator
 import os
 import re
-import shutil
+import reprlib
 import sys
 import time
 from pathlib import Path
@@ -29,14 +32,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import BadImageError, ConfigError, PackError
-from ..format import FORMAT_VERSION, ShardInfo, decode_header, json_path
+from ..errors import BadImageError, ConfigError, PackError, printable
+from ..format import FORMAT_VERSION, Manifest, ShardInfo, decode_header, json_path
 from ..store import HeaderStats
 from .images import ImageOptions
 from .journal import JOURNAL_NAME, Journal
-from .outdir import PARTIAL_SUFFIX, check_out, finalize, prepare_partial
+from .outdir import PARTIAL_SUFFIX, SourceGuard, check_out, discard_partial, finalize, prepare_partial
 from .shards import ShardWriter, write_error
-from .sources import DatasetSource, FileSource, Source, open_source
+from .sources import DatasetSource, Source, open_source
 from .workers import Results
 
 try:
@@ -57,35 +60,101 @@ _UNITS = {
 # ============================================================================ options
 
 
+#: The smallest shard size: below it every record gets a shard of its own anyway, and a
+#: value like ``--shard-size 1`` is almost surely a unit mistake (1 byte, not 1 GB).
+MIN_SHARD_SIZE = 1000
+#: The largest shard size (1 TiB): LMDB maps a shard whole, in a map 1.25 times its size.
+MAX_SHARD_SIZE = 1 << 40
+#: The largest ``max_size``: a stored JPEG's sides are 16-bit.
+MAX_SIDE = 65535
+#: The largest ``max_pixels``: the most pixels a stored JPEG can have.
+MAX_PIXELS = MAX_SIDE * MAX_SIDE
+#: Worker processes per usable CPU core at most (``workers`` above that is capped).
+WORKERS_PER_CORE = 4
+#: Characters refused in OUT: C0/C1 controls (ESC starts terminal escapes), line and paragraph
+#: separators, bidirectional overrides.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_NUMBER = re.compile(r"\s*([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))\s*([a-zA-Z]*)\s*", re.ASCII)
+
+
 def parse_size(value: Any, *, name: str = "shard_size (--shard-size)") -> int:
     """Parse a byte count: an int, or a string like ``"1GB"``, ``"512MB"``, ``"64KiB"``, ``"1.5G"``.
 
     ``KB/MB/GB/TB`` are powers of 1000, ``KiB/MiB/GiB/TiB`` and bare ``K/M/G/T`` powers of 1024.
+    Any integer type is accepted (``numpy.int64``, a 0-d integer tensor: ``operator.index``);
+    digits are ASCII digits only, and a fraction is rounded down to whole bytes.
 
     Raises:
         ConfigError: the value is not a positive size.
     """
-    if isinstance(value, bool):
-        raise ConfigError(f"{name}: {value!r} is not a size; use e.g. 1GB, 512MB, 64KiB or a byte count")
-    if isinstance(value, (int, np.integer)):
-        n = int(value)
-    else:
-        m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", str(value))
+    hint = "use e.g. 1GB, 512MB, 64KiB or a byte count"
+    if _is_bool(value):
+        raise ConfigError(f"{name}: {reprlib.repr(value)} is not a size; {hint}")
+    if isinstance(value, str):
+        m = _NUMBER.fullmatch(value)
         unit = m.group(2).lower() if m else None
-        if not m or unit not in _UNITS:
-            raise ConfigError(f"{name}: cannot parse {value!r}; use e.g. 1GB, 512MB, 64KiB or a byte count")
-        n = int(float(m.group(1)) * _UNITS[unit])
+        if not m or unit not in _UNITS or len(m.group(1)) > 40:
+            raise ConfigError(f"{name}: cannot parse {reprlib.repr(value)}; {hint}")
+        n = int(fractions.Fraction(m.group(1)) * _UNITS[unit])
+    else:
+        try:
+            n = operator.index(value)
+        except Exception:  # TypeError, or an __index__ failing otherwise: not an integer
+            n = None
+        if n is None:
+            if not isinstance(value, (float, np.floating)) or not math.isfinite(value) or value != int(value):
+                raise ConfigError(f"{name}: cannot parse {reprlib.repr(value)}; {hint}")
+            n = int(value)
     if n <= 0:
-        raise ConfigError(f"{name}: {value!r} must be a positive size")
+        raise ConfigError(f"{name}: {reprlib.repr(value)} must be a positive size")
     return n
 
 
+def _shard_size(value: Any) -> int:
+    name = "shard_size (--shard-size)"
+    n = parse_size(value, name=name)
+    if n < MIN_SHARD_SIZE:
+        raise ConfigError(
+            f"{name}: {reprlib.repr(value)} is {n} bytes, below the smallest shard size ({MIN_SHARD_SIZE} bytes); "
+            "use e.g. 1GB or 256MB"
+        )
+    if n > MAX_SHARD_SIZE:
+        raise ConfigError(
+            f"{name}: {reprlib.repr(value)} is {n} bytes, above the largest shard size (1TiB = {MAX_SHARD_SIZE} bytes); "
+            "use e.g. 1GB"
+        )
+    return n
 
-def _int_option(value: Any, name: str, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo or (hi is not None and value > hi):
-        rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-        raise ConfigError(f"{name}: expected an integer {rng}, got {value!r}")
-    return int(value)
+
+def _is_bool(value: Any) -> bool:
+    """A Python, NumPy or torch boolean: never taken for an integer or a size."""
+    return isinstance(value, (bool, np.bool_)) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
+
+
+def _int_option(value: Any, name: str, lo: int, hi: int | None = None, *, limit: int | None = None, why: str = "") -> int:
+    """An integer option through ``operator.index`` (any integer type; never a bool or a float).
+
+    ``lo..hi`` is the range the message states; ``limit`` (with ``why``) an extra upper bound.
+    """
+    rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+    bad = ConfigError(f"{name}: expected an integer {rng}, got {reprlib.repr(value)}")
+    if _is_bool(value):
+        raise bad
+    try:
+        n = operator.index(value)
+    except Exception:  # TypeError, or an __index__ (a tensor of many elements) failing otherwise
+        raise bad from None
+    if n < lo or (hi is not None and n > hi):
+        raise bad
+    if limit is not None and n > limit:
+        raise ConfigError(f"{name}: {n} is more than {limit}{why}")
+    return int(n)
+
+
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"{name}: expected True or False, got {reprlib.repr(value)}")
+    return bool(value)
 
 
 def _default_workers() -> int:
@@ -94,6 +163,93 @@ def _default_workers() -> int:
     except AttributeError:  # pragma: no cover - not Linux
         return max(1, os.cpu_count() or 1)
 
+
+def _worker_count(requested: int | None, tasks: int) -> int:
+    """The pool size: ``requested`` (default: the usable cores), capped at ``tasks`` and
+    at :data:`WORKERS_PER_CORE` per usable core; the output does not depend on it."""
+    cores = _default_workers()
+    if requested is None:
+        return max(1, min(cores, tasks))
+    cap = WORKERS_PER_CORE * cores
+    if requested > cap:
+        log.info("workers (--workers): %d is more than %d per usable core; using %d", requested, WORKERS_PER_CORE, cap)
+    return max(1, min(requested, cap, tasks))
+
+
+def _out_path(out: Any) -> Path:
+    if isinstance(out, bytes):
+        out = os.fsdecode(out)
+    try:
+        p = Path(out)
+    except TypeError:
+        raise ConfigError(f"OUT: expected a directory path, got {type(out).__name__} {reprlib.repr(out)}") from None
+    s = os.fspath(p)
+    bad = _CONTROL.search(s)
+    if bad:
+        raise ConfigError(
+            f"OUT {printable(s)}: the path holds a control character ({printable(bad.group())}); choose a name without one"
+        )
+    if not p.name or p.name in (".", ".."):
+        raise ConfigError(f"OUT {s!r}: needs a directory name (like data/packed)")
+    return p
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    """Every option of a pack, checked before anything is read or written."""
+
+    out: Path
+    workers: int | None
+    shard_size: int
+    on_error: str
+    overwrite: bool
+    resume: bool
+    image: ImageOptions
+    progress: bool
+
+
+def _settings(
+    out: Any,
+    *,
+    workers: Any,
+    shard_size: Any,
+    on_error: Any,
+    overwrite: Any,
+    resume: Any,
+    max_size: Any,
+    quality: Any,
+    baseline: Any,
+    max_pixels: Any,
+    progress: Any,
+) -> _Settings:
+    if lmdb is None:  # pragma: no cover
+        from ..errors import DependencyError
+
+        raise DependencyError(f"lmdb is not importable ({_lmdb_error}); pip install lmdb")
+    size = _shard_size(shard_size)
+    nworkers = None if workers is None else _int_option(workers, "workers (--workers)", 1)
+    if not isinstance(on_error, str) or on_error not in ("skip", "fail"):
+        raise ConfigError(f"on_error (--on-error): expected 'skip' or 'fail', got {reprlib.repr(on_error)}")
+    opts = ImageOptions(
+        max_size=None if max_size is None else _int_option(
+            max_size, "max_size (--max-size)", 1, limit=MAX_SIDE, why=", the longest side a stored JPEG can have; leave it unset for no limit"
+        ),
+        quality=_int_option(quality, "quality (--quality)", 1, 100),
+        baseline=_flag(baseline, "baseline (--baseline)"),
+        max_pixels=_int_option(
+            max_pixels, "max_pixels (--max-pixels)", 1, limit=MAX_PIXELS, why=f" ({MAX_SIDE}x{MAX_SIDE}), the most pixels a stored JPEG can have"
+        ),
+    )  # fmt: skip
+    return _Settings(
+        out=_out_path(out),
+        workers=nworkers,
+        shard_size=size,
+        on_error=on_error,
+        overwrite=_flag(overwrite, "overwrite (--overwrite)"),
+        resume=_flag(resume, "resume (--resume)"),
+        image=opts,
+        progress=_flag(progress, "progress (--no-progress)"),
+    )
 
 
 # ============================================================================ progress
@@ -182,57 +338,53 @@ def _options_json(shard_size: int, opts: ImageOptions) -> dict[str, Any]:
 
 
 
-def _run(
-    source: Source,
-    out: str | os.PathLike,
-    *,
-    workers: int | None,
-    shard_size: Any,
-    on_error: str,
-    overwrite: bool,
-    resume: bool,
-    max_size: int | None,
-    quality: int,
-    baseline: bool,
-    max_pixels: int,
-    progress: bool,
-) -> PackResult:
+def _run(source: Source, settings: _Settings) -> PackResult:
     t0 = time.monotonic()
-    if lmdb is None:  # pragma: no cover
-        from ..errors import DependencyError
-
-        raise DependencyError(f"lmdb is not importable ({_lmdb_error}); pip install lmdb")
-    size = parse_size(shard_size)
-    nworkers = _default_workers() if workers is None else _int_option(workers, "workers (--workers)", 1)
-    if on_error not in ("skip", "fail"):
-        raise ConfigError(f"on_error (--on-error): expected 'skip' or 'fail', got {on_error!r}")
-    opts = ImageOptions(
-        max_size=None if max_size is None else _int_option(max_size, "max_size (--max-size)", 1),
-        quality=_int_option(quality, "quality (--quality)", 1, 100),
-        baseline=bool(baseline),
-        max_pixels=_int_option(max_pixels, "max_pixels (--max-pixels)", 1),
-    )
-    out_p = Path(out)
-    if not out_p.name or out_p.name in (".", ".."):
-        raise ConfigError(f"OUT {out!r}: needs a directory name (like data/packed)")
-    if isinstance(source, FileSource) and source.kind == "folder":
-        try:
-            inside = out_p.resolve().is_relative_to(Path(source.description).resolve())
-        except OSError:  # pragma: no cover
-            inside = False
-        if inside:
-            raise ConfigError(f"OUT {out_p} is inside SRC {source.description}; write the packed dataset elsewhere")
-    check_out(out_p, overwrite)
+    out_p = settings.out
     partial = out_p.with_name(out_p.name + PARTIAL_SUFFIX)
+    guard = SourceGuard(source)
+    guard.check(out_p, "OUT")
+    guard.check(partial, f"OUT {printable(os.fspath(out_p))}: the unfinished pack")
+    check_out(out_p, settings.overwrite)
 
-    options = _options_json(size, opts)
+    options = _options_json(settings.shard_size, settings.image)
     stats = HeaderStats()
-    journal = prepare_partial(
-        partial, Journal(json_path(source.description), source.fingerprint(), options), resume, overwrite, stats
+    journal, lock = prepare_partial(
+        partial, out_p, Journal(json_path(source.description), source.fingerprint(), options),
+        settings.resume, settings.overwrite, stats, guard,
+    )  # fmt: skip
+    try:
+        manifest = _write(source, settings, partial, journal, stats, options, guard)
+    finally:
+        lock.release()
+    result = PackResult(
+        path=out_p,
+        num_samples=manifest.num_samples,
+        num_classes=len(manifest.classes),
+        num_shards=len(manifest.shards),
+        bytes=sum(s.bytes for s in manifest.shards),
+        skipped=list(manifest.skipped),
+        seconds=time.monotonic() - t0,
     )
+    log.debug("%s", result.summary())
+    return result
+
+
+def _write(
+    source: Source,
+    settings: _Settings,
+    partial: Path,
+    journal: Journal,
+    stats: HeaderStats,
+    options: dict[str, Any],
+    guard: SourceGuard,
+) -> Manifest:
+    """The main loop into the locked ``partial``, then :func:`finalize`; returns the manifest."""
+    opts, on_error = settings.image, settings.on_error
     skipped = journal.skipped
     start = journal.position
     first_index = sum(int(s["count"]) for s in journal.shards)
+    nworkers = _worker_count(settings.workers, len(source) - start)
 
     def on_shard(info: ShardInfo, end: int, nskipped: int) -> None:  # runs in the writer's background thread
         journal.shards.append({**info.to_json(), "end": end, "skipped": nskipped})
@@ -242,10 +394,10 @@ def _run(
             raise write_error(partial / JOURNAL_NAME, e, f"cannot record {info.file}") from None
 
     writer = ShardWriter(
-        partial, shard_size=size, first_shard=len(journal.shards), first_index=first_index,
+        partial, shard_size=settings.shard_size, first_shard=len(journal.shards), first_index=first_index,
         on_shard=on_shard, snapshot=lambda: len(skipped),
     )  # fmt: skip
-    bar = Progress(len(source), start, progress)
+    bar = Progress(len(source), start, settings.progress)
     results = None
     nbytes = 0
     try:
@@ -269,57 +421,74 @@ def _run(
             bar.close()
             if results is not None:
                 results.close()
-        n = len(stats.labels)
-        if n == 0:
-            shutil.rmtree(partial, ignore_errors=True)
+        if len(stats.labels) == 0:
             first = f"; the first: {skipped[0]['path']}: {skipped[0]['reason']}" if skipped else ""
-            raise PackError(f"nothing packed: all {len(skipped)} images were refused{first}")
-        manifest = finalize(partial, out_p, source, stats, journal, options, on_error, overwrite)
-    except (BadImageError, ConfigError):  # --on-error fail, or a dataset with bad labels: nothing to resume
+            raise _NothingPacked(f"nothing packed: all {len(skipped)} images were refused{first}")
+    except (BadImageError, ConfigError, _NothingPacked) as e:  # --on-error fail, a dataset with bad labels: nothing to resume
         writer.abort()
-        shutil.rmtree(partial, ignore_errors=True)
+        discard_partial(partial)  # fastload's own files only, then the directory if that emptied it
+        if isinstance(e, _NothingPacked):
+            raise PackError(str(e)) from None
         raise
     except BaseException as e:
         writer.abort()
-        if partial.exists():  # a PackError says so itself: the CLI prints one line
-            level = logging.DEBUG if isinstance(e, PackError) else logging.WARNING
-            log.log(level, "pack stopped (%s); the unfinished pack is in %s: continue it with --resume", type(e).__name__, partial)
+        _log_stopped(e, partial)
         raise
-    result = PackResult(
-        path=out_p,
-        num_samples=manifest.num_samples,
-        num_classes=len(manifest.classes),
-        num_shards=len(manifest.shards),
-        bytes=sum(s.bytes for s in manifest.shards),
-        skipped=list(manifest.skipped),
-        seconds=time.monotonic() - t0,
-    )
-    log.debug("%s", result.summary())
-    return result
+    try:
+        return finalize(partial, settings.out, source, stats, journal, options, on_error, settings.overwrite, guard)
+    except BaseException as e:  # nothing is deleted: the finished pack is resumable
+        _log_stopped(e, partial)
+        raise
 
+
+class _NothingPacked(Exception):
+    """Every image was refused: the unfinished pack is discarded."""
+
+
+def _log_stopped(e: BaseException, partial: Path) -> None:
+    if os.path.isdir(partial):  # a PackError says so itself: the CLI prints one line
+        level = logging.DEBUG if isinstance(e, PackError) else logging.WARNING
+        log.log(level, "pack stopped (%s); the unfinished pack is in %s: continue it with --resume", type(e).__name__, printable(os.fspath(partial)))
 
 
 _COMMON_DOC = """
+    Every option is checked before anything is read or written; a bad one is a
+    :class:`ConfigError` naming it. Integer options take any integer type
+    (``numpy.int64``, a 0-d integer tensor: anything ``operator.index`` accepts), never
+    a bool or a float; the flags take ``True`` or ``False`` only.
+
     Args:
-        workers: processes validating/encoding images (default: all cores); the output
-            is byte-identical for any value.
-        shard_size: the largest shard file, as bytes or a string like ``"1GB"``, ``"64KiB"``.
+        workers: processes validating/encoding images (default: all usable cores); the
+            output is byte-identical for any value. The pool is capped, not refused, at
+            the number of images left to pack and at 4 processes per usable core.
+        shard_size: the largest shard file, as bytes or a string like ``"1GB"``, ``"64KiB"``;
+            1000 bytes to 1 TiB.
         on_error: ``"skip"`` refused images (listed in the manifest's ``skipped``) or
             ``"fail"`` at the first one with :class:`BadImageError`, leaving nothing behind.
-        overwrite: replace an existing OUT (only a fastload dataset) and any unfinished pack.
+        overwrite: replace an existing OUT and any unfinished pack, but only an empty
+            directory or one holding nothing but fastload's own files (a dataset, or an
+            unfinished pack), and never one that is, holds or is inside SRC; only
+            fastload's own files are ever deleted.
         resume: continue an interrupted pack in ``OUT.partial``, reusing its finished shards.
-        max_size: shrink images whose longer side exceeds this many pixels (re-encoded).
-        quality: JPEG quality of every re-encoded image.
+        max_size: shrink images whose longer side exceeds this many pixels (re-encoded);
+            1..65535.
+        quality: JPEG quality of every re-encoded image, 1..100.
         baseline: re-encode progressive JPEGs as baseline (GPU hardware decoders need it).
-        max_pixels: refuse images with more pixels than this (decompression bombs).
+        max_pixels: refuse images with more pixels than this (decompression bombs);
+            1..65535*65535.
         progress: show a progress bar on stderr (a log line every 10 s when not a TTY).
+
+    Only one pack writes an OUT at a time: it holds an exclusive ``flock`` on the
+    ``OUT.partial`` directory (then on OUT, after the rename) until it returns; a second
+    pack of the same OUT gets a :class:`ConfigError` naming the first's process.
 
     Returns:
         :class:`PackResult` (path, num_samples, num_classes, num_shards, bytes, skipped, seconds).
 
     Raises:
-        ConfigError: a bad option, an existing OUT without ``overwrite``, an unfinished
-            pack without ``resume``/``overwrite``, or a resume with other source/options.
+        ConfigError: a bad option, an existing OUT without ``overwrite`` (or one it may
+            not replace), an unfinished pack without ``resume``/``overwrite``, a resume
+            with other source/options, or another pack writing the same OUT.
         BadImageError: ``on_error="fail"`` and an image was refused.
         PackError: writing failed (disk full, ...); the unfinished pack can be resumed.
 """
@@ -345,11 +514,12 @@ def pack(
     Samples and classes are in torchvision ``ImageFolder`` order. JPEGs are stored
     byte for byte; other images become RGB JPEGs (see ``docs/format.md``).
     """
-    source = open_source(src)
-    return _run(
-        source, out, workers=workers, shard_size=shard_size, on_error=on_error, overwrite=overwrite, resume=resume,
+    settings = _settings(
+        out, workers=workers, shard_size=shard_size, on_error=on_error, overwrite=overwrite, resume=resume,
         max_size=max_size, quality=quality, baseline=baseline, max_pixels=max_pixels, progress=progress,
     )  # fmt: skip
+    source = open_source(src, on_error=on_error)
+    return _run(source, settings)
 
 
 def pack_dataset(
@@ -375,11 +545,12 @@ def pack_dataset(
     defaults to ``dataset.classes`` if present, else ``"0" .. str(max label)``. An item
     whose fetch raises is a refused image (skipped or failed per ``on_error``).
     """
-    source = DatasetSource(dataset, classes)
-    return _run(
-        source, out, workers=workers, shard_size=shard_size, on_error=on_error, overwrite=overwrite, resume=resume,
+    settings = _settings(
+        out, workers=workers, shard_size=shard_size, on_error=on_error, overwrite=overwrite, resume=resume,
         max_size=max_size, quality=quality, baseline=baseline, max_pixels=max_pixels, progress=progress,
     )  # fmt: skip
+    source = DatasetSource(dataset, classes)
+    return _run(source, settings)
 
 
 pack.__doc__ = (pack.__doc__ or "") + _COMMON_DOC

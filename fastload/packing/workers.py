@@ -58,7 +58,10 @@ class Results:
     (``workers <= 1``: processed inline). Results come out in task order, at most
     ``window`` tasks ahead, so the output does not depend on the number of workers.
     A worker that dies (a decoder crash, the OOM killer) is a :class:`PackError`
-    naming the images it had, never a hang.
+    naming the images it had, never a hang. Any other failure to hand a task to a
+    worker or to get its result back (a task that cannot be pickled, ...) has that
+    task processed here instead: one image's trouble is its skip reason, never the
+    pack's end.
     """
 
     def __init__(self, tasks: Iterator[Task], opts: ImageOptions, workers: int) -> None:
@@ -77,6 +80,7 @@ class Results:
 
     def __iter__(self) -> Iterator[bytes | bytearray | tuple]:
         from collections import deque
+        from concurrent.futures import Future
         from concurrent.futures.process import BrokenProcessPool
 
         opts, pool = self._opts, self._pool
@@ -87,7 +91,11 @@ class Results:
             nonlocal chunk
             if chunk:
                 tasks = [e[1] for e in chunk]
-                fut = pool.submit(_work_chunk, tasks)
+                try:
+                    fut = pool.submit(_work_chunk, tasks)
+                except BrokenProcessPool as e:  # reported in order, when this chunk's turn comes
+                    fut = Future()
+                    fut.set_exception(e)
                 for k, e in enumerate(chunk):
                     e[:] = [fut, k, tasks]
                 chunk = []
@@ -105,6 +113,8 @@ class Results:
                     f"a worker process died while converting {tasks[0][4]} .. {tasks[-1][4]} "
                     "(a decoder crash or out of memory); find the image with --workers 1, then --resume"
                 ) from None
+            except Exception:  # the chunk could not travel (pickling, ...): convert this task here
+                return process_task(tasks[k], opts)
 
         for task in self._tasks:
             r = fast_file(task, opts) if task[0] == "file" else None
