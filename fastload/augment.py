@@ -105,3 +105,24 @@ def train_params(
     boxes = random_resized_crop(widths, heights, u[:, : 4 * attempts], scale=scale, ratio=ratio, attempts=attempts)
     flips = (u[:, 4 * attempts] < flip).astype(np.int32)
     return boxes, flips
+
+
+def eval_params(widths: np.ndarray, heights: np.ndarray, *, resize: int, crop: int) -> tuple[np.ndarray, np.ndarray]:
+    """torchvision's ``Resize(resize)`` + ``CenterCrop(crop)`` geometry, exactly, per image.
+
+    The shorter side becomes ``resize`` and the longer ``int(resize * long / short)``
+    (truncated, as torchvision does); the crop's corner is ``int(round((side - crop) / 2))``
+    (Python's round, half to even, as torchvision's ``CenterCrop``).
+
+    Returns:
+        ``([n, 2] float32 resized (height, width), [n, 2] float32 crop corner (x, y))``.
+    """
+    w = np.asarray(widths, dtype=np.int64)
+    h = np.asarray(heights, dtype=np.int64)
+    short = np.minimum(w, h)
+    nw = np.where(w <= h, resize, (resize * w) // np.maximum(short, 1))
+    nh = np.where(w <= h, (resize * h) // np.maximum(short, 1), resize)
+    nw, nh = np.maximum(nw, 1), np.maximum(nh, 1)
+    left = np.array([int(round((v - crop) / 2.0)) for v in nw.tolist()], dtype=np.int64)
+    top = np.array([int(round((v - crop) / 2.0)) for v in nh.tolist()], dtype=np.int64)
+    return np.stack([nh, nw], axis=1).astype(np.float32), np.stack([left, top], axis=1).astype(np.float32)

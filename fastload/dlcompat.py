@@ -77,6 +77,23 @@ def as_index(name: str, value: Any) -> int:
         raise ConfigError(f"{name} yielded {value!r}, not a sample index") from None
 
 
+def _nothing() -> None:
+    pass
+
+
+class DetachedEpoch:
+    """What a copied sampler or dataset view holds instead of its loader: an epoch of its own."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def get(self) -> int:
+        return self.epoch
+
+    def set(self, epoch: int) -> None:
+        self.epoch = operator.index(epoch)
+
+
 class RankSampler(Sampler[int]):
     """This rank's sample indices of the loader's current epoch (as a ``DistributedSampler``).
 
@@ -84,10 +101,18 @@ class RankSampler(Sampler[int]):
     the loader's epoch, as it does on a ``DistributedSampler``.
     """
 
-    def __init__(self, plan: "EpochSampler", get_epoch: Callable[[], int], set_epoch: Callable[[int], None]) -> None:
-        self._plan = plan
+    def __init__(
+        self, plan: "EpochSampler", get_epoch: Callable[[], int], set_epoch: Callable[[int], None],
+        bind: Callable[[], None] | None = None,
+    ) -> None:
         self._get_epoch = get_epoch
         self._set_epoch = set_epoch
+        self._bind = bind or _nothing
+        self.rebind(plan)
+
+    def rebind(self, plan: "EpochSampler") -> None:
+        """Read ``plan`` from now on (the loader found its rank in the process group)."""
+        self._plan = plan
         self.num_replicas = plan.world_size
         self.rank = plan.rank
         self.shuffle = plan.shuffle
@@ -100,14 +125,23 @@ class RankSampler(Sampler[int]):
     def epoch(self) -> int:
         return self._get_epoch()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (pickle, deepcopy) has an epoch of its own, the loader's at copy time."""
+        state = self.__dict__.copy()
+        box = DetachedEpoch(self._get_epoch())
+        state.update(_get_epoch=box.get, _set_epoch=box.set, _bind=_nothing)
+        return state
+
     def set_epoch(self, epoch: int) -> None:
         self._set_epoch(epoch)
 
     def __iter__(self) -> Iterator[int]:
+        self._bind()
         order = self._plan.order(self._get_epoch())
         return iter(order[self._plan.rank_positions()].tolist())
 
     def __len__(self) -> int:
+        self._bind()
         return self._plan.per_rank
 
 

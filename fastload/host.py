@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .augment import eval_params
+
 
 def finish_crops(
     crops,
@@ -56,13 +58,9 @@ def eval_crop(image: np.ndarray, *, resize: int, crop: int) -> np.ndarray:
     from PIL import Image
 
     h, w = image.shape[:2]
-    if w <= h:
-        nw, nh = resize, max(1, int(resize * h / w))
-    else:
-        nw, nh = max(1, int(resize * w / h)), resize
+    (nh, nw), (left, top) = (v.astype(int).tolist() for v in (a[0] for a in eval_params([w], [h], resize=resize, crop=crop)))
     src = Image.frombuffer("RGB", (w, h), np.ascontiguousarray(image), "raw", "RGB", 0, 1)
     out = np.asarray(src.resize((nw, nh), Image.BILINEAR))
-    top, left = int(round((nh - crop) / 2.0)), int(round((nw - crop) / 2.0))
     return out[top : top + crop, left : left + crop]
 
 

@@ -35,7 +35,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from .augment import train_params
+from .augment import eval_params, train_params
 from .dlcompat import LoaderBatchSampler, RankSampler, SamplerPlan, check_collate_fn, note_ignored, user_batch_sampler
 from .host import finish_crops
 from .errors import ConfigError, FastloadError, FormatError, LoaderError
@@ -207,7 +207,8 @@ def _resolve_source(dataset: Any) -> _Source:
     if _is_image_folder(dataset):
         from .transforms import translate
 
-        return _Source("torchvision", dataset, translate(dataset.transform), dataset.transform, dataset.target_transform)
+        settings = {} if dataset.transform is None else translate(dataset.transform)  # None: FastLoader's defaults
+        return _Source("torchvision", dataset, settings, dataset.transform, dataset.target_transform)
     raise ConfigError(
         f"dataset must be a packed dataset directory, a fastload.Dataset or a torchvision ImageFolder/DatasetFolder "
         f"of image files, got {type(dataset).__name__}; pack other datasets once with "
@@ -438,25 +439,14 @@ class FastLoader:
         self.num_threads = num_threads
         self._epoch = 0
         self._resume_batch = 0
-        if user_batches is None:
-            plan: EpochSampler | SamplerPlan = EpochSampler(
-                num_samples=len(packed), batch_size=batch_size, shuffle=self.shuffle, drop_last=self.drop_last,
-                seed=seed, rank=self.rank, world_size=self.world_size, pad=self.pad,
-            )  # fmt: skip
-            if len(plan) == 0:
-                raise ConfigError(
-                    f"batch_size={batch_size} with drop_last=True leaves no batch: this rank gets "
-                    f"{plan.per_rank} of {len(packed)} samples"
-                )
-            self.sampler: Any = RankSampler(plan, lambda: self._epoch, self.set_epoch)
-            self.batch_sampler: Any = LoaderBatchSampler(self.sampler, batch_size, self.drop_last)
-            self._max_batch = max(1, min(batch_size, plan.per_rank))  # type: ignore[type-var]
-        else:
-            plan = SamplerPlan(user_batches, num_samples=len(packed), rank=self.rank, world_size=self.world_size)
-            self.sampler = sampler if batch_sampler is None else getattr(batch_sampler, "sampler", None)
-            self.batch_sampler = user_batches
-            self._max_batch = plan.max_batch
-        self._plan = plan
+        self._user_batches = user_batches
+        self._user_sampler = sampler if batch_sampler is None else getattr(batch_sampler, "sampler", None)
+        # No rank given and no process group yet (Lightning's launchers, ddp_spawn's unpickling,
+        # accelerate before Accelerator()): take the group's rank when it exists (_bind_ranks).
+        dist = torch.distributed
+        self._auto_ranks = rank is None and world_size is None and not (dist.is_available() and dist.is_initialized())
+        self.sampler: Any = None
+        self._make_plan()
         self._labels = labels
         self._init = {
             "dataset": str(packed.path), "batch_size": batch_size, "shuffle": shuffle, "sampler": sampler,
@@ -478,6 +468,55 @@ class FastLoader:
         # Stops the thread and frees the pipeline when the loader is collected, or at exit.
         self._finalizer = weakref.finalize(self, self._core.close)
 
+    def _make_plan(self) -> None:
+        """The epoch plan, samplers and batch bound for this rank and world size."""
+        packed, batch_size, user_batches = self.packed, self.batch_size, self._user_batches
+        if user_batches is None:
+            plan: EpochSampler | SamplerPlan = EpochSampler(
+                num_samples=len(packed), batch_size=batch_size, shuffle=self.shuffle, drop_last=self.drop_last,
+                seed=self.seed, rank=self.rank, world_size=self.world_size, pad=self.pad,
+            )  # fmt: skip
+            if len(plan) == 0:
+                raise ConfigError(
+                    f"batch_size={batch_size} with drop_last=True leaves no batch: this rank gets "
+                    f"{plan.per_rank} of {len(packed)} samples"
+                )
+            if self.sampler is None:
+                self.sampler = RankSampler(plan, lambda: self._epoch, self.set_epoch, bind=self._bind_ranks)
+                self.batch_sampler: Any = LoaderBatchSampler(self.sampler, batch_size, self.drop_last)
+            else:
+                self.sampler.rebind(plan)  # the same objects: clients may hold them
+            self._max_batch = max(1, min(batch_size, plan.per_rank))  # type: ignore[type-var]
+        else:
+            plan = SamplerPlan(user_batches, num_samples=len(packed), rank=self.rank, world_size=self.world_size)
+            self.sampler = self._user_sampler
+            self.batch_sampler = user_batches
+            self._max_batch = plan.max_batch
+        self._plan = plan
+
+    def _bind_ranks(self) -> None:
+        """Take this process's rank from the process group, once it exists, if none was given."""
+        if not self._auto_ranks:
+            return
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        self._auto_ranks = False
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        if (rank, world_size) == (self.rank, self.world_size):
+            return
+        if world_size > len(self.packed) and self._user_batches is None:
+            raise ConfigError(
+                f"world_size={world_size} is larger than the dataset ({len(self.packed)} samples in "
+                f"{str(self.packed.path)!r}): every rank needs at least one sample of its own"
+            )
+        with self._iter_lock:
+            self._core.stop()
+            self.rank, self.world_size = rank, world_size
+            self._make_plan()
+            self._core.plan, self._core.max_batch, self._core.pipe = self._plan, self._max_batch, None
+        log.debug("FastLoader: rank %d of %d from the process group", rank, world_size)
+
     # ------------------------------------------------------------------ DataLoader surface
     @property
     def classes(self) -> list[str]:
@@ -491,12 +530,15 @@ class FastLoader:
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch."""
+        self._bind_ranks()
         return len(self._plan)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch the next iteration reads (as ``DistributedSampler.set_epoch``)."""
-        self._epoch = _as_int("epoch", epoch, lo=0)
-        self._resume_batch = 0
+        epoch = _as_int("epoch", epoch, lo=0)
+        if epoch != self._epoch:  # the same epoch (DistributedSampler: a no-op) keeps a restored position
+            self._resume_batch = 0
+        self._epoch = epoch
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """A new epoch's iterator; it replaces the previous one, whose ``next()`` then raises.
@@ -505,6 +547,7 @@ class FastLoader:
         another (from any thread) ends the previous one, and its next ``next()`` raises
         :class:`LoaderError` saying so instead of ending its epoch early in silence.
         """
+        self._bind_ranks()
         with self._iter_lock:
             if self._closed:
                 raise LoaderError("this FastLoader is closed")
@@ -523,6 +566,7 @@ class FastLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: resume with :meth:`load_state_dict` to read exactly the rest."""
+        self._bind_ranks()
         run = self._core.run
         if run is not None and not run.finished:
             epoch, done = run.epoch, run.yielded
@@ -549,6 +593,7 @@ class FastLoader:
             ConfigError: ``state`` is not a FastLoader state, has a field of the wrong type or
                 range, or was saved by a loader with other settings.
         """
+        self._bind_ranks()
         if not isinstance(state, dict) or state.get("format") != "fastload.FastLoader":
             raise ConfigError(f"state is not a FastLoader state_dict: {state!r:.80}")
         if state.get("version") != STATE_VERSION or isinstance(state.get("version"), bool):
@@ -736,7 +781,8 @@ class _Core:
             enc.append(np.frombuffer(payload, dtype=np.uint8))
             widths[k], heights[k] = header.width, header.height
         if not self.train:
-            return (enc,)
+            sizes, corners = eval_params(widths, heights, resize=self.resize, crop=self.crop)
+            return (enc, list(sizes), list(corners))
         boxes, flips = train_params(
             widths,
             heights,

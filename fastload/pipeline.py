@@ -67,8 +67,9 @@ class GraphSpec:
 def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
     """Build the DALI pipeline. ``source()`` returns one batch as a tuple of lists,
     ``(encoded uint8 arrays, anchors float32 [x, y], shapes float32 [w, h], flips int32)``
-    when training (without the flips when ``host_finish``) and ``(encoded uint8 arrays,)``
-    otherwise, or raises ``StopIteration``
+    when training (without the flips when ``host_finish``) and ``(encoded uint8 arrays,
+    resized sizes float32 [h, w], crop corners float32 [x, y])`` for evaluation (see
+    :func:`fastload.augment.eval_params`), or raises ``StopIteration``
     at the end of an epoch. Returns the built pipeline,
     whose single output is the image batch.
     """
@@ -112,13 +113,14 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
             )
             img = fn.resize(img, device=op_device, size=[spec.crop, spec.crop], antialias=True)
             crop_kw: dict = {"mirror": flip}
-        else:
-            (enc,) = fn.external_source(
-                source=source, num_outputs=1, batch=True, dtype=[types.UINT8], ndim=[1]
+        else:  # torchvision's Resize + CenterCrop, exactly: sizes and corners come from the host
+            enc, size, corner = fn.external_source(
+                source=source, num_outputs=3, batch=True, dtype=[types.UINT8, types.FLOAT, types.FLOAT], ndim=[1, 1, 1]
             )
             img = fn.decoders.image(enc, device=dec_device, **dec_kw)
-            img = fn.resize(img, device=op_device, resize_shorter=spec.resize, antialias=True)
-            crop_kw = {"crop": (spec.crop, spec.crop), "crop_pos_x": 0.5, "crop_pos_y": 0.5}
+            img = fn.resize(img, device=op_device, size=size, antialias=True)  # size is (height, width)
+            img = fn.slice(img, corner, [float(spec.crop), float(spec.crop)], normalized_anchor=False, normalized_shape=False)
+            crop_kw = {}
         if spec.mean is None:
             mean, std = [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]
         else:

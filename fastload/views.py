@@ -10,6 +10,7 @@ processes them. Raw records stay on :class:`fastload.Dataset` (``.packed``).
 
 from __future__ import annotations
 
+import functools
 import io
 import operator
 import os
@@ -81,6 +82,12 @@ class LoaderDataset(torch.utils.data.Dataset):
         base = os.path.dirname(self.root) if self.root.lower().endswith((".csv", ".tsv", ".txt")) else self.root
         self.samples = _SourcePaths(packed, base, labels)
         self.imgs = self.samples
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (a DataLoader worker under spawn/forkserver, deepcopy) keeps the epoch it was made in."""
+        state = self.__dict__.copy()
+        state["_epoch"] = functools.partial(operator.index, self._epoch())
+        return state
 
     @property
     def settings(self) -> dict[str, Any]:

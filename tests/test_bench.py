@@ -156,7 +156,8 @@ def test_a_failing_loader_is_reported_and_the_others_still_run(packed, tmp_path)
 
 
 def test_cli_bench_with_the_real_loaders(packed, tmp_path, capsys):
-    """The default set on real data: ImageFolder and packed+PIL DataLoaders (persistent workers), FastLoader."""
+    """The default set on real data: ImageFolder and packed+PIL DataLoaders (persistent workers), FastLoader,
+    and the drop-in FastLoader(ImageFolder) whose one-time pack is reported apart."""
     src, ds = packed
     out = tmp_path / "cli"
     rc = main(["-q", "bench", str(ds), "--quick", "--crop", "32", "--workers", "1", "--out", str(out), "--device", "cpu"])
@@ -164,8 +165,10 @@ def test_cli_bench_with_the_real_loaders(packed, tmp_path, capsys):
     assert rc == 0, captured.err
     data = json.loads((out / "report.json").read_text())
     names = [e["name"] for e in data["loaders"]]
-    assert names == ["DataLoader(ImageFolder, workers=1)", "DataLoader(packed+PIL, workers=1)", "FastLoader(cpu)"]
-    assert [e["kind"] for e in data["loaders"]] == ["DataLoader", "DataLoader", "FastLoader"]
+    assert names == ["DataLoader(ImageFolder, workers=1)", "DataLoader(packed+PIL, workers=1)", "FastLoader(cpu)", "FastLoader(ImageFolder, cpu)"]
+    assert [e["kind"] for e in data["loaders"]] == ["DataLoader", "DataLoader", "FastLoader", "FastLoader"]
+    assert any(n.startswith("FastLoader(ImageFolder): the one-time pack of") for n in data["notes"])
+    assert (out / "cache").is_dir()
     for e in data["loaders"]:
         assert e["error"] is None, e["error"]
         assert e["loader_only"]["images_per_s"]["median"] > 0

@@ -288,3 +288,36 @@ def test_a_loader_pickles_and_deep_copies(packed, how):
     assert all(torch.equal(p, q) for p, q in zip(a, b)) and len(a) == len(b)  # same crops, flips, order
     loader.close()
     twin.close()
+
+
+# ----------------------------------------------------------------------------- the evaluation transform
+
+
+def test_evaluation_output_is_torchvisions_resize_and_center_crop(tmp_path):
+    """Gradients make every pixel position visible: a crop one pixel off, a truncation
+    rounded instead of cut, or another filter shows. Sizes with odd margins on each side."""
+    import io
+
+    import torchvision.transforms as T
+    from PIL import Image
+
+    sizes = [(500, 375), (375, 500), (341, 256), (257, 255), (300, 300), (333, 251)]
+    for k, (w, h) in enumerate(sizes):
+        y, x = np.mgrid[0:h, 0:w]
+        a = np.stack([x * 255 // (w - 1), y * 255 // (h - 1), (x + y) * 255 // (w + h)], -1).astype(np.uint8)
+        (tmp_path / "src" / "a").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(a).save(tmp_path / "src" / "a" / f"{k}.png")
+    fastload.pack(tmp_path / "src", tmp_path / "packed", progress=False, workers=1)
+    ds = fastload.Dataset(tmp_path / "packed")
+    reference = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
+    loader = FastLoader(tmp_path / "packed", len(sizes), device="cpu", train=False, resize=256, crop=224, shuffle=False)
+    images, _ = next(iter(loader))
+    scale = torch.tensor(STD).view(3, 1, 1) * 255  # back to 0..255 units
+    for i in range(len(sizes)):
+        ref = reference(Image.open(io.BytesIO(ds[i][0])).convert("RGB"))
+        diff = ((images[i] - ref) * scale).abs()
+        # DALI's linear resampling rounds differently from PIL's: at most one level per pixel
+        assert diff.max() <= 1.0 + 1e-3 and diff.mean() < 0.25, (sizes[i], float(diff.max()), float(diff.mean()))
+        view = ((loader.dataset[i][0] - ref) * scale).abs()
+        assert view.max() <= 1e-3, (sizes[i], float(view.max()))  # the view resizes with PIL: exact
+    loader.close()

@@ -134,11 +134,15 @@ def imagefolder_loader(
 
     Persistent workers, and pinned memory when ``device`` is CUDA.
     """
+    return _dataloader(imagefolder_dataset(src, crop), batch_size, num_workers, device, seed)
+
+
+def imagefolder_dataset(src: str | os.PathLike, crop: int = 224) -> Any:
+    """torchvision ``ImageFolder(src)`` with :func:`train_transform`: what the baseline and the drop-in read."""
     tv, _ = _torchvision()
     if not os.path.isdir(src):
         raise ConfigError(f"images={str(src)!r}: not a directory; give the unpacked ImageFolder tree (--images SRC)")
-    dataset = tv.datasets.ImageFolder(str(src), transform=train_transform(crop))
-    return _dataloader(dataset, batch_size, num_workers, device, seed)
+    return tv.datasets.ImageFolder(str(src), transform=train_transform(crop))
 
 
 def packed_pil_loader(

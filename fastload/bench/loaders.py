@@ -79,8 +79,11 @@ def resolve_images(dataset_path: str | os.PathLike, images: str | os.PathLike | 
 # ----------------------------------------------------------------------------- loaders
 
 
-def default_loaders(dataset: str | os.PathLike, images: str | None, cfg: BenchConfig) -> list[dict[str, Any]]:
-    """ImageFolder DataLoaders (one per ``cfg.workers``), packed+PIL DataLoader, FastLoader."""
+def default_loaders(
+    dataset: str | os.PathLike, images: str | None, cfg: BenchConfig, *, cache_dir: str | os.PathLike | None = None
+) -> list[dict[str, Any]]:
+    """ImageFolder DataLoaders (one per ``cfg.workers``), packed+PIL DataLoader, FastLoader; with
+    ``images`` and ``cache_dir`` also the drop-in ``FastLoader(ImageFolder(images, transform))``."""
     from . import baselines
 
     specs: list[dict[str, Any]] = []
@@ -120,4 +123,16 @@ def default_loaders(dataset: str | os.PathLike, images: str | None, cfg: BenchCo
         )
 
     specs.append(loader_spec(f"FastLoader({dev})", "FastLoader", make_fastloader, source="fastload", device=dev))
+
+    if images is not None and cache_dir is not None:
+
+        def make_dropin() -> Iterable[Any]:
+            from ..loader import FastLoader
+
+            folder = baselines.imagefolder_dataset(images, crop)
+            return FastLoader(folder, bs, shuffle=True, device=dev, seed=seed, cache_dir=cache_dir, progress=False)
+
+        specs.append(
+            loader_spec(f"FastLoader(ImageFolder, {dev})", "FastLoader", make_dropin, source="fastload-dropin", device=dev)
+        )
     return specs

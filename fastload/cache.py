@@ -1,0 +1,520 @@
+"""Pack a torchvision image dataset once into a shared cache, safely across ranks.
+
+:func:`cached_pack` takes a file-based dataset (torchvision ``ImageFolder`` /
+``DatasetFolder``: ``samples`` of ``(path, class_index)``, ``classes`` naming them) and
+returns a packed dataset directory holding exactly those samples, in that order, with
+those labels and class names. The first call packs; later calls (and other ranks, other
+runs) reuse the entry.
+
+Where: ``cache_dir``, else ``$FASTLOAD_CACHE``, else ``~/.cache/fastload``. The entry is
+``<dir>/<root name>-<key>``, where the key is a SHA-256 of, for every sample in order,
+its absolute path, its label, and ``os.stat``'s size and ``st_mtime_ns`` (a file that
+cannot be stat'ed enters as its error), plus the class names, the number of samples,
+the cache layout version (:data:`CACHE_VERSION`) and the record format version. So a
+file touched, replaced by one of another size, added, removed or relabelled gives a new
+entry (the old one is left, never reused); a file replaced by one of the same size and
+modification time is not noticed. Every call stats every file (about a second per
+million files on a local disk, more on a network file system).
+
+Concurrency (``torchrun``: every rank calls it): a finished entry is a directory with a
+``manifest.json``; it appears only by an atomic rename of a verified pack, so a reader
+that sees the manifest sees a complete dataset. Packing happens under an exclusive
+``fcntl.flock`` on ``<entry>.lock``: the first process packs, the others wait (logging
+every minute), then find the entry and return it. The kernel drops the lock when its
+holder dies, so a killed packer never blocks the next run, which resumes its unfinished
+pack (``<entry>.pack.partial``). The lock files stay (deleting one would race another
+process opening it); they are empty. Where the file system cannot lock, a warning is
+logged and every process packs into a staging directory of its own; the first to
+finish renames it into place, the others find the entry there and discard theirs.
+
+What is packed: a list file ``path,class name`` of the samples (written next to the
+entry, removed after), read back first by the very parser ``fastload pack`` uses to check
+that it gives back exactly these paths, labels and class names. When it would not (class
+names that look like integers, or that sort otherwise, classes without samples, paths
+that are not UTF-8...), the files are packed as a Python dataset of their bytes with the
+dataset's class names instead (the records then name ``dataset[i]`` rather than the file).
+Images that cannot be packed (corrupt, not images) are left out with a warning naming the
+first, as ``fastload pack`` does: the entry then has fewer samples than the dataset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import errno
+import hashlib
+import json
+import logging
+import operator
+import os
+import re
+import socket
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError, FormatError, PackError, printable
+from .format import DEFAULT_MAX_PIXELS, FORMAT_VERSION, MANIFEST_NAME
+from .packing import pack, pack_dataset
+from .packing.images import max_file_bytes
+from .packing.journal import fsync_dir
+from .packing.outdir import remove_dataset_dir
+from .packing.sources import MAX_CLASSES, file_kind, read_list, stored_name
+from .reader import Dataset, read_manifest
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CACHE_ENV", "CACHE_VERSION", "cache_entry", "cached_pack", "default_cache_dir"]
+
+#: Bumped when what the cache packs for a dataset changes (the pack options below, the list layout).
+CACHE_VERSION = 1
+#: The environment variable naming the cache directory.
+CACHE_ENV = "FASTLOAD_CACHE"
+#: Seconds between two "still waiting" log lines of a process waiting for the packer.
+WAIT_LOG_EVERY = 60.0
+_POLL = 0.2
+_HELD: set[int] = set()  # lock descriptors this process holds
+
+
+def _close_held_in_child() -> None:
+    # a forked pack worker must not keep the lock alive after the packer dies
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_held_in_child)
+
+
+# ============================================================================ the dataset's files
+
+
+class _Files:
+    """The samples of a file-based dataset: absolute paths, labels, class names."""
+
+    def __init__(self, desc: str, root: str | None, paths: list[str], labels: list[int], classes: list[str]) -> None:
+        self.desc = desc
+        self.root = root
+        self.paths = paths
+        self.labels = labels
+        self.classes = classes
+        self.stored_classes = [stored_name(c) for c in classes]
+
+
+def _describe(dataset: Any) -> tuple[str, str | None]:
+    root = getattr(dataset, "root", None)
+    try:
+        shown = printable(os.fspath(root)) if root is not None else None
+    except TypeError:
+        shown = printable(str(root))
+    return f"{type(dataset).__name__}({shown if shown is not None else '...'})", shown
+
+
+def _check_loader(dataset: Any, desc: str) -> None:
+    """Refuse a custom ``loader``: FastLoader reads the files as torchvision's default loader does (RGB)."""
+    loader = getattr(dataset, "loader", None)
+    if loader is None:
+        return
+    try:
+        from torchvision.datasets import folder
+    except ImportError:  # pragma: no cover - a duck-typed dataset without torchvision
+        return
+    known = {getattr(folder, n, None) for n in ("default_loader", "pil_loader", "accimage_loader")} - {None}
+    if loader not in known:
+        name = getattr(loader, "__qualname__", type(loader).__name__)
+        raise ConfigError(
+            f"{desc}: loads its files with a custom loader ({printable(str(name))}), whose images FastLoader cannot "
+            "reproduce: FastLoader decodes the files as RGB images like torchvision's default_loader; use the "
+            "default loader, or pack what your loader returns with fastload.pack_dataset(dataset, OUT)"
+        )
+
+
+def _files(dataset: Any) -> _Files:
+    desc, root = _describe(dataset)
+    samples = getattr(dataset, "samples", None)
+    if samples is None or isinstance(samples, (str, bytes)) or not hasattr(samples, "__len__"):
+        raise ConfigError(
+            f"{desc} is not file-based (it has no `samples` list of (path, class_index) like ImageFolder): "
+            "FastLoader packs ImageFolder/DatasetFolder datasets itself; for another dataset, pack it once with "
+            "fastload.pack_dataset(dataset, OUT) and pass OUT to FastLoader"
+        )
+    _check_loader(dataset, desc)
+    n = len(samples)
+    if n == 0:
+        raise ConfigError(f"{desc}: the dataset has no samples; nothing to pack")
+    classes_attr = getattr(dataset, "classes", None)
+    classes: list[str] | None = None
+    if classes_attr is not None:
+        if isinstance(classes_attr, (str, bytes)) or not hasattr(classes_attr, "__iter__"):
+            raise ConfigError(f"{desc}: `classes` must be a list of class names, got {type(classes_attr).__name__}")
+        classes = list(classes_attr)
+        if len(classes) > MAX_CLASSES:
+            raise ConfigError(f"{desc}: {len(classes)} classes; at most {MAX_CLASSES} (MAX_CLASSES) are supported")
+        bad = next((c for c in classes if not isinstance(c, str)), None)
+        if bad is not None:
+            raise ConfigError(f"{desc}: class name {printable(repr(bad))[:80]} is not a string; `classes` must be names")
+    paths: list[str] = []
+    labels: list[int] = []
+    for i, item in enumerate(samples):
+        where = f"{desc}.samples[{i}]"
+        try:
+            path, label = item
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected a (path, class_index) pair, got {printable(repr(item))[:120]}") from None
+        try:
+            p = os.fsdecode(path)
+        except TypeError:
+            raise ConfigError(f"{where}: path {printable(repr(path))[:120]} is not a file path") from None
+        if not p or "\0" in p:
+            raise ConfigError(f"{where}: path {printable(repr(p))[:120]} is not a file path")
+        try:
+            if isinstance(label, bool):
+                raise TypeError
+            lab = operator.index(label)
+        except TypeError:
+            raise ConfigError(f"{where}: class index {printable(repr(label))[:80]} is not an integer") from None
+        hi = len(classes) if classes is not None else MAX_CLASSES
+        if not 0 <= lab < hi:
+            what = f"the {len(classes)} classes" if classes is not None else f"0..{MAX_CLASSES - 1}"
+            raise ConfigError(f"{where}: class index {lab} is outside {what}")
+        paths.append(os.path.abspath(p))
+        labels.append(lab)
+    if classes is None:
+        classes = [str(k) for k in range(max(labels) + 1)]
+    if len({stored_name(c) for c in classes}) != len(classes):
+        raise ConfigError(f"{desc}: two classes have the same name; class names must be unique")
+    return _Files(desc, root, paths, labels, classes)
+
+
+# ============================================================================ where
+
+
+def default_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The cache directory: ``cache_dir``, else ``$FASTLOAD_CACHE``, else ``~/.cache/fastload`` (not created)."""
+    if cache_dir is not None:
+        try:
+            return Path(os.fspath(cache_dir)).expanduser()
+        except TypeError:
+            raise ConfigError(f"cache_dir must be a directory path or None, got {cache_dir!r}") from None
+    env = os.environ.get(CACHE_ENV, "")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "fastload"
+
+
+def _ensure_dir(d: Path, from_env: bool) -> Path:
+    how = f" (from ${CACHE_ENV})" if from_env else ""
+    shown = printable(str(d))
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        st = os.stat(d)
+    except FileExistsError:
+        raise ConfigError(f"cache directory {shown}{how} is a file; pass cache_dir= or set ${CACHE_ENV} to a directory") from None
+    except (OSError, ValueError) as e:
+        why = getattr(e, "strerror", None) or str(e)
+        raise ConfigError(
+            f"cache directory {shown}{how}: cannot create it ({why}); pass cache_dir= or set ${CACHE_ENV} to a writable directory"
+        ) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"cache directory {shown}{how} is not a directory; pass cache_dir= or set ${CACHE_ENV} to one")
+    return d.resolve()
+
+
+def _key(files: _Files) -> str:
+    h = hashlib.sha256()
+    head = {"cache": CACHE_VERSION, "format": FORMAT_VERSION, "classes": files.stored_classes, "samples": len(files.paths)}
+    h.update(json.dumps(head, ensure_ascii=True).encode())
+    for p, lab in zip(files.paths, files.labels):
+        try:
+            st = os.stat(p)
+            sig = f"{st.st_size}\0{st.st_mtime_ns}"
+        except (OSError, ValueError) as e:
+            sig = f"!{getattr(e, 'errno', None) or type(e).__name__}"
+        h.update(f"{p}\0{lab}\0{sig}\n".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
+
+
+def _slug(root: str | None) -> str:
+    base = os.path.basename(os.path.normpath(root)) if root else "dataset"
+    s = re.sub(r"[^A-Za-z0-9._-]+", "_", base).strip("._-")[:40]
+    return s or "dataset"
+
+
+def cache_entry(dataset: Any, *, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where :func:`cached_pack` keeps ``dataset``'s entry (it stats every file; creates nothing but the cache dir).
+
+    Raises:
+        ConfigError: the dataset is not file-based, or the cache directory is unusable.
+    """
+    files = _files(dataset)
+    base = _ensure_dir(default_cache_dir(cache_dir), cache_dir is None and bool(os.environ.get(CACHE_ENV)))
+    return base / f"{_slug(files.root)}-{_key(files)[:32]}"
+
+
+# ============================================================================ the lock
+
+
+class _Lock:
+    """An exclusive ``flock`` on ``<entry>.lock``, waited for with a log line now and then."""
+
+    def __init__(self, path: Path, desc: str, entry: Path) -> None:
+        self.path = path
+        self.desc = desc
+        self.entry = entry
+        self.fd: int | None = None
+        self.locked = False  # False where the file system cannot lock
+
+    def __enter__(self) -> _Lock:
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        try:
+            fd = os.open(self.path, flags, 0o666)
+        except OSError as e:
+            raise ConfigError(
+                f"cache lock {printable(str(self.path))}: cannot open it ({e.strerror}); pass cache_dir= or set "
+                f"${CACHE_ENV} to a writable directory"
+            ) from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ConfigError(f"cache lock {printable(str(self.path))} is not a regular file; remove it yourself")
+            self.locked = fcntl is not None and self._wait(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        _HELD.add(fd)
+        return self
+
+    def _wait(self, fd: int) -> bool:
+        t0 = time.monotonic()
+        last: float | None = None
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                now = time.monotonic()
+                if last is None or now - last >= WAIT_LOG_EVERY:
+                    log.info(
+                        "waiting for another process packing %s into cache entry %s (%.0f s so far)",
+                        self.desc, printable(str(self.entry)), now - t0,
+                    )  # fmt: skip
+                    last = now
+                time.sleep(_POLL)
+            except OSError as e:  # ENOLCK, EOPNOTSUPP on some network file systems
+                log.warning(
+                    "cache lock %s: cannot lock it (%s); every process packs %s on its own, the first to finish "
+                    "publishes the entry",
+                    printable(str(self.path)), e.strerror, self.desc,
+                )  # fmt: skip
+                return False
+
+    def __exit__(self, *exc: object) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            _HELD.discard(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+# ============================================================================ packing
+
+
+class _FileBytes:
+    """The dataset's files as a map-style dataset of ``(encoded bytes, label)`` for ``pack_dataset``."""
+
+    def __init__(self, files: _Files) -> None:
+        self.paths = files.paths
+        self.labels = files.labels
+        self.limit = max_file_bytes(DEFAULT_MAX_PIXELS)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> tuple[bytes, int]:
+        path = self.paths[i]
+        shown = printable(path)
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError as e:
+            raise OSError(f"{shown}: cannot open it ({e.strerror})") from None
+        with open(fd, "rb", buffering=0) as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(f"{shown}: not a regular file ({file_kind(st.st_mode)})")
+            if st.st_size > self.limit:
+                raise OSError(f"{shown}: {st.st_size} bytes, more than an image within the pixel limit can need")
+            os.set_blocking(fd, True)
+            return f.read(self.limit + 1), self.labels[i]
+
+
+def _list_file(files: _Files, path: Path) -> bool:
+    """Write ``path,class name`` rows; True if the pack's own list parser reads back exactly these samples."""
+    try:
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            w = csv.writer(f, lineterminator="\n")
+            w.writerow(["path", "label"])
+            for p, lab in zip(files.paths, files.labels):
+                w.writerow([p, files.classes[lab]])
+    except UnicodeEncodeError:  # a path or class name that is not valid text: not expressible in a list file
+        return False
+    except OSError as e:
+        raise PackError(f"cannot write the list of {files.desc} to the cache ({printable(str(path))}): {e.strerror}") from None
+    try:
+        src = read_list(path, on_error="fail")
+    except ConfigError as e:
+        log.debug("the list file of %s does not read back (%s); packing the files as a dataset", files.desc, e)
+        return False
+    if src.classes != files.stored_classes or len(src.items) != len(files.paths):
+        return False
+    return all(
+        it.error is None and it.path == p and it.label == lab for it, p, lab in zip(src.items, files.paths, files.labels)
+    )
+
+
+def _verify(path: Path, files: _Files) -> str | None:
+    """Why the packed dataset at ``path`` does not hold ``files`` (None if it does)."""
+    try:
+        m = read_manifest(path)
+    except FormatError as e:
+        return str(e)
+    if m.classes != files.stored_classes:
+        return f"its classes {printable(repr(m.classes))[:120]} are not the dataset's {printable(repr(files.stored_classes))[:120]}"
+    if m.num_samples + len(m.skipped) != len(files.paths):
+        return f"it holds {m.num_samples} samples and {len(m.skipped)} skipped, the dataset {len(files.paths)}"
+    if not m.skipped:
+        labels = Dataset(path).labels
+        if not np.array_equal(np.asarray(labels, dtype=np.int64), np.asarray(files.labels, dtype=np.int64)):
+            return "its labels are not the dataset's class indices"
+    return None
+
+
+def _pack(files: _Files, entry: Path, progress: bool, *, private: bool) -> None:
+    """Pack ``files`` into a staging directory, verify it, and rename it to ``entry``.
+
+    The staging directory is ``<entry>.pack`` (under the lock: a killed pack is resumed
+    from ``<entry>.pack.partial``), or one of this process's own (``private``: no lock,
+    so several processes may pack at once; the first rename wins, the others discard theirs).
+    """
+    tag = ".pack"
+    if private:
+        host = re.sub(r"[^A-Za-z0-9._-]+", "_", socket.gethostname())[:40]
+        tag = f".pack-{host}-{os.getpid()}"
+    staging = entry.with_name(entry.name + tag)
+    list_path = staging.with_name(staging.name + ".csv")
+    log.info("packing %s into cache entry %s (once)", files.desc, printable(str(entry)))
+    with contextlib.suppress(OSError):
+        if stat.S_ISDIR(os.lstat(staging).st_mode):  # a pack that finished but was not verified and renamed
+            remove_dataset_dir(staging)  # fastload's own files only
+    try:
+        as_list = _list_file(files, list_path)
+        if not as_list:
+            log.info("%s: packing its files as a dataset of bytes (the class names cannot travel in a list file)", files.desc)
+
+        def run(**kw: Any) -> None:
+            if as_list:
+                pack(list_path, staging, on_error="skip", progress=progress, **kw)
+            else:
+                pack_dataset(_FileBytes(files), staging, classes=files.classes, on_error="skip", progress=progress, **kw)
+
+        leftover = os.path.lexists(staging.with_name(staging.name + ".partial"))
+        try:
+            run(resume=leftover)  # continues a pack a killed process left in <entry>.pack.partial
+        except ConfigError as e:
+            if not leftover:
+                raise
+            log.warning("%s: cannot resume the unfinished pack in the cache (%s); starting it again", files.desc, e)
+            run(overwrite=True)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(list_path)
+    problem = _verify(staging, files)
+    if problem is not None:
+        remove_dataset_dir(staging)
+        raise PackError(f"the pack of {files.desc} does not match the dataset: {problem}; this is a fastload bug, please report it")
+    try:
+        os.rename(staging, entry)
+    except OSError as e:
+        if e.errno in (errno.EEXIST, errno.ENOTEMPTY) and _finished(entry, files):  # another process was first
+            remove_dataset_dir(staging)
+            return
+        raise PackError(
+            f"cannot publish cache entry {printable(str(entry))} ({e.strerror}); if it exists but is incomplete, remove it"
+        ) from None
+    fsync_dir(entry.parent)
+    m = read_manifest(entry)
+    if m.skipped:
+        first = m.skipped[0]
+        log.warning(
+            "%d of %d images of %s could not be packed and are left out (the first: %s: %s); FastLoader reads the other %d",
+            len(m.skipped), len(files.paths), files.desc, printable(str(first.get("path"))),
+            printable(str(first.get("reason"))), m.num_samples,
+        )  # fmt: skip
+
+
+def _finished(entry: Path, files: _Files) -> bool:
+    """True if ``entry`` is a finished entry (it has its manifest) holding ``files``."""
+    if not (entry / MANIFEST_NAME).is_file():
+        if os.path.lexists(entry):
+            raise FormatError(
+                f"cache entry {printable(str(entry))} exists without a {MANIFEST_NAME}: it was not made by fastload's "
+                "cache, or was damaged; remove it and run again"
+            )
+        return False
+    problem = _verify(entry, files)
+    if problem is not None:
+        raise FormatError(f"cache entry {printable(str(entry))} does not hold {files.desc}: {problem}; remove it and run again")
+    return True
+
+
+def cached_pack(dataset: Any, *, cache_dir: str | os.PathLike | None = None, progress: bool = True) -> Path:
+    """Pack a file-based torchvision dataset once into the cache; return the packed directory.
+
+    Every rank of a job may call it at once: one packs, the others wait for it, and all
+    return the same finished entry. Samples, their order, labels and class names are
+    the dataset's (``samples`` and ``classes``); see the module docstring for the key,
+    the lock and what is packed.
+
+    Args:
+        dataset: a torchvision ``ImageFolder`` / ``DatasetFolder`` (or any object with a
+            ``samples`` list of ``(path, class_index)``, ``classes`` optional) using
+            torchvision's default loader.
+        cache_dir: the cache directory (default ``$FASTLOAD_CACHE``, else ``~/.cache/fastload``).
+        progress: show ``fastload pack``'s progress bar on stderr while packing.
+
+    Returns:
+        The entry directory, a finished packed dataset to give to :class:`fastload.FastLoader`.
+
+    Raises:
+        ConfigError: the dataset is not file-based (no ``samples``), uses a custom loader,
+            has bad samples, or the cache directory is unusable.
+        PackError: packing failed (no image could be packed, disk full, ...), naming the
+            dataset's root; nothing that looks finished is left (an unfinished pack is
+            resumed by the next call).
+        FormatError: an existing entry is damaged (the message says to remove it).
+    """
+    files = _files(dataset)
+    base = _ensure_dir(default_cache_dir(cache_dir), cache_dir is None and bool(os.environ.get(CACHE_ENV)))
+    entry = base / f"{_slug(files.root)}-{_key(files)[:32]}"
+    if _finished(entry, files):
+        log.debug("%s: using cache entry %s", files.desc, entry)
+        return entry
+    with _Lock(entry.with_name(entry.name + ".lock"), files.desc, entry) as lock:
+        if _finished(entry, files):  # another process packed it while this one waited
+            return entry
+        try:
+            _pack(files, entry, bool(progress), private=not lock.locked)
+        except ConfigError as e:
+            raise ConfigError(f"cannot pack {files.desc} into cache entry {printable(str(entry))}: {e}") from None
+        except PackError as e:
+            raise PackError(f"cannot pack {files.desc} into cache entry {printable(str(entry))}: {e}") from None
+    return entry

@@ -1,0 +1,553 @@
+"""Translate a torchvision transform into FastLoader settings.
+
+:func:`translate` reads a ``transforms.Compose`` (or a ``transforms.v2.Compose``, an
+``nn.Sequential``, or one transform) of a torchvision image dataset and returns the
+:class:`fastload.FastLoader` keyword arguments that produce the same batches, or
+raises :class:`~fastload.errors.ConfigError` naming the one step it cannot reproduce
+and what to do. It is pure: it looks at the transform objects, never calls them, and
+imports torchvision only when called (``import fastload`` works without it).
+
+The input is what torchvision's ``ImageFolder`` loader returns: an RGB PIL image.
+Two forms are understood, with the transforms of ``torchvision.transforms`` and of
+``torchvision.transforms.v2`` alike (matched by exact class: a subclass may change
+what its parent does, so it is refused):
+
+* **training**: ``RandomResizedCrop(size, scale, ratio)`` with an optional
+  ``RandomHorizontalFlip(p)`` before or after it -> ``train=True, crop, scale, ratio,
+  flip`` (``flip=0.0`` without a flip);
+* **evaluation**: ``Resize(size)`` then ``CenterCrop(crop)`` -> ``train=False, resize,
+  crop``. ``size`` is an int (or a one-element list): the shorter side. A ``(h, w)``
+  pair is refused, even a square one: it stretches every image to ``h x w``, while
+  FastLoader keeps the aspect ratio. ``max_size`` must be None, and the shorter side
+  at least the crop (torchvision would pad with black).
+
+Around them, in any order torchvision itself accepts: exactly one conversion from the
+PIL image to a tensor (``ToTensor()``: float 0..1; ``PILToTensor()`` / v2
+``ToImage()``: uint8 0..255), dtype conversions (``ConvertImageDtype(dtype)``, v2
+``ToDtype(dtype, scale=...)``; v2 ones before the tensor conversion do nothing, as in
+torchvision) and ``Normalize(mean, std)`` (any number; they compose). The result is
+``mean``/``std`` in FastLoader's 0..1 units: ``ToTensor()`` alone is ``mean=(0, 0, 0),
+std=(1, 1, 1)`` (float 0..1); ``PILToTensor()`` alone is ``mean=None, std=None`` (uint8
+0..255); ``ToDtype(torch.float32, scale=False)`` after ``ToImage()`` is float 0..255,
+``std=(1/255,) * 3``. ``dtype`` is the float type of the last conversion
+(``torch.float32``, ``float16`` or ``bfloat16``); for uint8 output it is
+``torch.float32``, which FastLoader ignores then. Crops, resizes and flips commute with
+normalisation (bilinear weights sum to one), so their place relative to the tensor
+conversion and ``Normalize`` does not matter. No-ops are accepted: ``v2.Identity``,
+``nn.Identity``, ``v2.ToPureTensor``, ``v2.RGB`` (the images already are RGB).
+
+timm's ``RandomResizedCropAndInterpolation``, ``MaybeToTensor`` and
+``MaybePILToTensor`` (what ``timm.data.create_transform`` builds) are read as
+torchvision's ``RandomResizedCrop``, ``ToTensor`` and ``PILToTensor``.
+
+Interpolation: only ``InterpolationMode.BILINEAR`` (the default; or PIL's
+``Image.BILINEAR``), antialiased: that is what FastLoader runs (PIL's bilinear filter
+on the CPU training path, DALI's linear resize with antialiasing elsewhere). BICUBIC,
+NEAREST, LANCZOS, BOX, HAMMING and NEAREST_EXACT are refused. ``antialias=False`` (or
+None) is refused where torchvision honours it, on a tensor; on a PIL image torchvision
+ignores it (PIL always antialiases), so it is accepted there.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+import sys
+from typing import Any
+
+from .errors import ConfigError, printable
+
+__all__ = ["translate"]
+
+#: Training-form defaults that the evaluation form returns for the settings it does not use.
+_DEFAULT_SCALE = (0.08, 1.0)
+_DEFAULT_RATIO = (3 / 4, 4 / 3)
+
+_NO_EQUIVALENT = "remove it from the dataset's transform, or apply it to the batch on the GPU after the loader"
+_TRAIN_HINT = "RandomResizedCrop(N) [+ RandomHorizontalFlip()] for training, or Resize(S) + CenterCrop(N) for evaluation"
+#: PIL's resampling codes, which torchvision also accepts as ``interpolation``.
+_PIL_CODES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+
+
+def _name(t: Any) -> str:
+    """``transforms.v2.Resize(size=[256], ...)``: where the class comes from, and its repr, on one line."""
+    cls = type(t)
+    mod = cls.__module__ or ""
+    if mod.startswith("torchvision.transforms.v2"):
+        prefix = "transforms.v2."
+    elif mod.startswith("torchvision.transforms"):
+        prefix = "transforms."
+    elif mod.startswith("torch.nn"):
+        prefix = "nn."
+    else:
+        prefix = f"{mod}." if mod and mod != "builtins" else ""
+    try:
+        text = repr(t)
+    except Exception:  # noqa: BLE001 - a user's object whose repr fails is still named
+        text = f"{cls.__qualname__}(...)"
+    text = re.sub(r"\s+", " ", printable(text)).strip()
+    if len(text) > 160:
+        text = text[:157] + "..."
+    return prefix + text
+
+
+class _Step:
+    """One transform of the flattened list, with its position for messages."""
+
+    def __init__(self, t: Any, index: int, total: int) -> None:
+        self.t = t
+        self.where = f"{_name(t)} (step {index + 1} of {total} of the transform)"
+
+    def fail(self, why: str) -> ConfigError:
+        return ConfigError(f"{self.where}: {why}")
+
+
+class _TV:
+    """The torchvision classes translate knows, looked up once per call (None if not installed)."""
+
+    def __init__(self) -> None:
+        import torch
+        from torch import nn
+
+        self.torch = torch
+        self.containers: tuple = (nn.Sequential,)
+        self.noop: tuple = (nn.Identity,)
+        self.ok = False
+        try:
+            import torchvision.transforms as T
+            from torchvision.transforms import InterpolationMode
+        except ImportError:
+            return
+        try:
+            from torchvision import tv_tensors
+            from torchvision.transforms import v2
+        except ImportError:  # pragma: no cover - torchvision < 0.15
+            v2 = None
+            tv_tensors = None
+        self.ok = True
+        self.mode = InterpolationMode
+        self.tv_image = None if tv_tensors is None else tv_tensors.Image
+        pairs = {
+            "compose": "Compose", "rrc": "RandomResizedCrop", "resize": "Resize", "center": "CenterCrop",
+            "flip": "RandomHorizontalFlip", "to_tensor": "ToTensor", "pil_to_tensor": "PILToTensor",
+            "convert": "ConvertImageDtype", "normalize": "Normalize", "lambda": "Lambda",
+            "random_apply": "RandomApply", "random_choice": "RandomChoice", "random_order": "RandomOrder",
+            "random_crop": "RandomCrop", "to_pil": "ToPILImage",
+        }  # fmt: skip
+        self.cls: dict[str, tuple] = {}
+        for key, name in pairs.items():
+            found = [getattr(mod, name) for mod in (T, v2) if mod is not None and hasattr(mod, name)]
+            self.cls[key] = tuple(dict.fromkeys(found))
+        if v2 is not None:
+            self.cls["to_image"] = (v2.ToImage,)
+            self.cls["to_dtype"] = (v2.ToDtype,)
+            self.noop = self.noop + tuple(getattr(v2, n) for n in ("Identity", "ToPureTensor", "RGB") if hasattr(v2, n))
+        else:  # pragma: no cover
+            self.cls["to_image"] = self.cls["to_dtype"] = ()
+        self.containers = self.containers + self.cls["compose"]
+        self.v1_convert = (T.ConvertImageDtype,)
+        # timm's look-alikes, when timm is loaded (a timm transform object means it is): the same
+        # operations on a PIL image (MaybeToTensor passes a tensor through unchanged).
+        self.maybe: tuple = ()
+        timm = sys.modules.get("timm.data.transforms")
+        for key, name in (("rrc", "RandomResizedCropAndInterpolation"), ("to_tensor", "MaybeToTensor"),
+                          ("pil_to_tensor", "MaybePILToTensor")):  # fmt: skip
+            cls = getattr(timm, name, None) if timm is not None else None
+            if isinstance(cls, type):
+                self.cls[key] = self.cls[key] + (cls,)
+                if name.startswith("Maybe"):
+                    self.maybe = self.maybe + (cls,)
+
+    def kind(self, t: Any) -> str | None:
+        """Which known transform ``t`` is (its exact class), or None."""
+        if not self.ok:
+            return None
+        cls = type(t)
+        return next((k for k, v in self.cls.items() if cls in v), None)
+
+    def subclass_of(self, t: Any) -> str | None:
+        """The known transform ``t`` derives from without being it, or None."""
+        if not self.ok:
+            return None
+        for v in self.cls.values():
+            for c in v:
+                if isinstance(t, c) and type(t) is not c:
+                    return c.__name__
+        return None
+
+
+def _flatten(transform: Any, tv: _TV) -> list[Any]:
+    out: list[Any] = []
+
+    def walk(t: Any, depth: int) -> None:
+        if depth > 50:
+            raise ConfigError("transform: containers nested more than 50 deep")
+        if type(t) in tv.containers:
+            inner = t.transforms if hasattr(t, "transforms") else list(t.children())
+            for s in inner:
+                walk(s, depth + 1)
+        else:
+            out.append(t)
+
+    walk(transform, 0)
+    return out
+
+
+def _side(step: _Step, value: Any, what: str, *, allow_pair: bool) -> int:
+    """A square size as an int: ``224``, ``[224]`` or (``allow_pair``) ``(224, 224)``."""
+    v = value
+    if isinstance(v, (list, tuple)):
+        if len(v) == 1:
+            v = v[0]
+        elif len(v) == 2 and allow_pair:
+            if v[0] != v[1]:
+                raise step.fail(
+                    f"{what} {tuple(v)!r} is not square; FastLoader produces square {what}s: use one size, e.g. {v[0]!r}"
+                )
+            v = v[0]
+        else:
+            raise step.fail(f"{what} {v!r} is not one size")
+    try:
+        if isinstance(v, bool):
+            raise TypeError
+        n = operator.index(v)
+    except TypeError:
+        raise step.fail(f"{what} {value!r} is not an integer number of pixels") from None
+    if n < 1:
+        raise step.fail(f"{what} {value!r} must be at least 1 pixel")
+    return n
+
+
+def _interpolation(step: _Step, t: Any, tv: _TV, tensor: bool) -> None:
+    mode = getattr(t, "interpolation", "bilinear")
+    if isinstance(mode, (tuple, list)):  # timm's interpolation="random"
+        raise step.fail(
+            "a random choice of interpolation: FastLoader resizes with bilinear only (antialiased); "
+            "use interpolation='bilinear'"
+        )
+    if isinstance(mode, tv.mode):
+        name = mode.value
+    elif isinstance(mode, str):
+        name = mode.lower()
+    elif isinstance(mode, int) and not isinstance(mode, bool):
+        name = _PIL_CODES.get(int(mode), str(mode))
+    else:
+        name = repr(mode)
+    if name != "bilinear":
+        raise step.fail(
+            f"interpolation {name.upper()} is not what FastLoader resizes with (bilinear, antialiased: PIL's filter "
+            "on the CPU, DALI's linear+antialias on the GPU); use interpolation=InterpolationMode.BILINEAR (the default)"
+        )
+    if tensor and getattr(t, "antialias", True) is not True:
+        raise step.fail(
+            f"antialias={getattr(t, 'antialias', None)!r} on a tensor image (not antialiased): FastLoader always "
+            "resizes with antialiasing; use antialias=True (the default)"
+        )
+
+
+def _pair(step: _Step, value: Any, what: str, *, lo: float, hi: float | None) -> tuple[float, float]:
+    try:
+        a, b = (float(x) for x in value)
+    except (TypeError, ValueError):
+        raise step.fail(f"{what} {value!r} is not a pair of numbers (min, max)") from None
+    if not (math.isfinite(a) and math.isfinite(b)) or a > b or a < lo or (hi is not None and b > hi) or b <= 0:
+        bound = f"{lo} <= min <= max" + (f" <= {hi}" if hi is not None else "") + ", max > 0"
+        raise step.fail(f"{what} {value!r} must satisfy {bound}")
+    return a, b
+
+
+def _triple(step: _Step, value: Any, what: str, torch: Any) -> list[float]:
+    try:
+        vals = [float(x) for x in torch.as_tensor(value, dtype=torch.float64).reshape(-1).tolist()]
+    except (TypeError, ValueError, RuntimeError):
+        raise step.fail(f"{what} {value!r} is not numbers") from None
+    if len(vals) == 1:
+        vals = vals * 3
+    if len(vals) != 3 or not all(math.isfinite(v) for v in vals):
+        raise step.fail(f"{what} {value!r} must be 1 or 3 finite numbers (the images are RGB)")
+    return vals
+
+
+class _State:
+    """What the image is after each step: PIL or tensor, its dtype, and its values.
+
+    Values are ``(u - M) / S`` per channel, with ``u`` the pixel in 0..1: a uint8
+    tensor is ``M = 0, S = 1/255``; ``ToTensor()`` gives ``M = 0, S = 1``.
+    """
+
+    def __init__(self) -> None:
+        self.tensor = False
+        self.image_type = False  # a tv_tensors.Image (v2 ToImage) rather than a plain tensor
+        self.dtype: Any = None
+        self.M = [0.0, 0.0, 0.0]
+        self.S = [1.0, 1.0, 1.0]
+        self.converted_by: _Step | None = None
+
+
+def _convert_dtype(step: _Step, st: _State, dtype: Any, scale: bool, tv: _TV) -> None:
+    torch = tv.torch
+    if dtype is None or dtype == st.dtype:
+        return
+    floats = (torch.float32, torch.float16, torch.bfloat16)
+    if dtype not in floats + (torch.uint8,):
+        raise step.fail(
+            f"dtype {dtype} is not one FastLoader produces (torch.float32, torch.float16, torch.bfloat16, or uint8 "
+            "with PILToTensor alone); convert the batch after the loader"
+        )
+    if dtype == torch.uint8:  # float -> uint8
+        raise step.fail(
+            "converting a float image back to uint8 has no FastLoader equivalent; for uint8 batches use "
+            "PILToTensor() (or v2.ToImage()) without a float conversion"
+        )
+    if st.dtype == torch.uint8 and scale:
+        st.S = [s * 255.0 for s in st.S]
+    st.dtype = dtype
+
+
+def translate(transform: Any) -> dict[str, Any]:
+    """The FastLoader keyword arguments a torchvision transform implies.
+
+    Args:
+        transform: a ``Compose`` (v1 or v2), an ``nn.Sequential`` or one transform, as
+            given to a torchvision image dataset; see the module docstring for what is
+            understood.
+
+    Returns:
+        ``{"train", "crop", "scale", "ratio", "flip", "resize", "mean", "std", "dtype"}``:
+        ``resize`` is None for training (unused); ``scale``, ``ratio`` are FastLoader's
+        defaults and ``flip`` is 0.0 for evaluation (unused); ``mean``/``std`` are tuples
+        in 0..1 units, or both None for uint8 output.
+
+    Raises:
+        ConfigError: ``transform`` is None, or holds a step FastLoader cannot reproduce;
+            the message names the step (its class, arguments and position) and says what
+            to do.
+    """
+    if transform is None:
+        raise ConfigError(
+            "transform=None: the dataset returns PIL images of every size, but FastLoader batches need one size; "
+            f"give the dataset a transform ({_TRAIN_HINT}, then ToTensor()), or pass crop= (and train=) to FastLoader"
+        )
+    tv = _TV()
+    items = _flatten(transform, tv)
+    if not items:
+        raise ConfigError(f"transform {_name(transform)} is empty; FastLoader batches need one size: use {_TRAIN_HINT}")
+    torch = tv.torch
+    st = _State()
+    form: str | None = None  # None -> "train" (after RandomResizedCrop) | "resized" (after Resize) -> "eval"
+    crop = resize = None
+    scale, ratio = _DEFAULT_SCALE, _DEFAULT_RATIO
+    flip = 0.0
+    flip_step: _Step | None = None
+    shape_step: _Step | None = None  # the RandomResizedCrop or Resize that set the form
+    for i, t in enumerate(items):
+        step = _Step(t, i, len(items))
+        kind = tv.kind(t)
+        if kind is None:
+            if type(t) in tv.noop:
+                continue
+            parent = tv.subclass_of(t)
+            if parent is not None:
+                raise step.fail(
+                    f"a subclass of torchvision's {parent}, which may change what {parent} does: FastLoader cannot "
+                    f"know; use {parent} itself, or {_NO_EQUIVALENT}"
+                )
+            raise step.fail(_unknown(t))
+        if kind == "rrc":
+            if form is not None:
+                raise step.fail(_second_crop(form, shape_step))
+            _interpolation(step, t, tv, st.tensor)
+            crop = _side(step, t.size, "crop size", allow_pair=True)
+            scale = _pair(step, t.scale, "scale", lo=0.0, hi=1.0)
+            ratio = _pair(step, t.ratio, "ratio", lo=1e-6, hi=None)
+            form, shape_step = "train", step
+        elif kind == "resize":
+            if form is not None:
+                raise step.fail(_second_crop(form, shape_step))
+            if flip_step is not None:
+                raise flip_step.fail(_FLIP_IN_EVAL)
+            _interpolation(step, t, tv, st.tensor)
+            if getattr(t, "max_size", None) is not None:
+                raise step.fail(
+                    "max_size caps the longer side, so the shorter one can end below the crop; FastLoader resizes the "
+                    "shorter side only: remove max_size"
+                )
+            size = t.size
+            if isinstance(size, (list, tuple)) and len(size) == 2:
+                raise step.fail(
+                    f"size {tuple(size)!r} stretches every image to {size[0]}x{size[1]}, but FastLoader keeps the "
+                    f"aspect ratio (shorter side to `resize`, then a center crop): use Resize({size[0]}) + "
+                    f"CenterCrop({size[0]})"
+                )
+            if size is None:
+                raise step.fail("size=None (only max_size): FastLoader resizes the shorter side to one size; give size")
+            resize = _side(step, size, "size", allow_pair=False)
+            form, shape_step = "resized", step
+        elif kind == "center":
+            if form != "resized":
+                if form is None:
+                    raise step.fail(
+                        "CenterCrop without a Resize before it crops the full-resolution image; FastLoader's evaluation "
+                        "path resizes the shorter side first: put Resize(S) before it (S >= the crop; 256 for 224)"
+                    )
+                raise step.fail(_second_crop(form, shape_step))
+            crop = _side(step, t.size, "crop size", allow_pair=True)
+            if resize is not None and crop > resize:
+                raise step.fail(
+                    f"crop {crop} is larger than the resized shorter side {resize}: torchvision pads with black, "
+                    f"FastLoader never pads; use Resize(S) with S >= {crop}"
+                )
+            form = "eval"
+        elif kind == "flip":
+            if form in ("resized", "eval"):
+                raise step.fail(_FLIP_IN_EVAL)
+            if flip_step is not None:
+                raise step.fail(f"a second horizontal flip (the first is {flip_step.where}); keep one")
+            try:
+                flip = float(t.p)
+            except (TypeError, ValueError):
+                raise step.fail(f"p {t.p!r} is not a probability") from None
+            if not 0.0 <= flip <= 1.0:
+                raise step.fail(f"p {t.p!r} is not a probability in [0, 1]")
+            flip_step = step
+        elif kind in ("to_tensor", "pil_to_tensor", "to_image"):
+            if st.tensor:
+                if type(t) in tv.maybe:
+                    continue  # timm's MaybeToTensor / MaybePILToTensor: a tensor passes through
+                if kind == "to_image":
+                    st.image_type = True  # v2.ToImage of a tensor: the same values
+                    continue
+                raise step.fail(
+                    f"the image is already a tensor ({st.converted_by.where if st.converted_by else 'converted before'}); "
+                    "it converts PIL images: keep one tensor conversion"
+                )
+            st.tensor, st.converted_by = True, step
+            st.image_type = kind == "to_image"
+            if kind == "to_tensor":
+                st.dtype = torch.float32
+            else:
+                st.dtype, st.S = torch.uint8, [1.0 / 255.0] * 3
+        elif kind == "convert":
+            if not st.tensor:
+                if type(t) in tv.v1_convert:
+                    raise step.fail(
+                        "it needs a tensor, but the image is still a PIL image here (torchvision raises): put "
+                        "PILToTensor() before it"
+                    )
+                continue  # v2 passes PIL images through untouched
+            _convert_dtype(step, st, t.dtype, True, tv)
+        elif kind == "to_dtype":
+            if not st.tensor:
+                continue  # v2 passes PIL images through untouched
+            dtype = t.dtype
+            if isinstance(dtype, dict):
+                key = tv.tv_image if st.image_type else torch.Tensor
+                if key in dtype:
+                    dtype = dtype[key]
+                elif "others" in dtype:
+                    dtype = dtype["others"]
+                else:
+                    raise step.fail(
+                        f"its dtype dict has no entry for {'tv_tensors.Image' if st.image_type else 'torch.Tensor'} "
+                        "and no 'others' (torchvision raises); give dtype=torch.float32"
+                    )
+            _convert_dtype(step, st, dtype, bool(getattr(t, "scale", False)), tv)
+        elif kind == "normalize":
+            if not st.tensor or st.dtype == torch.uint8:
+                what = "a PIL image" if not st.tensor else "a uint8 tensor"
+                raise step.fail(
+                    f"Normalize needs a float tensor, but the image is {what} here (torchvision raises): put ToTensor() "
+                    "(or PILToTensor() + ConvertImageDtype(torch.float)) before it"
+                )
+            m = _triple(step, t.mean, "mean", torch)
+            s = _triple(step, t.std, "std", torch)
+            if any(v == 0 for v in s):
+                raise step.fail(f"std {t.std!r} has a zero: division by zero")
+            st.M = [M + mi * S for M, mi, S in zip(st.M, m, st.S)]
+            st.S = [S * si for S, si in zip(st.S, s)]
+            if any(v <= 0 for v in st.S):
+                raise step.fail(f"std {t.std!r} is negative; FastLoader's std must be positive")
+        else:
+            raise step.fail(_REFUSAL.get(kind, f"has no FastLoader equivalent: {_NO_EQUIVALENT}"))
+    if flip_step is not None and form != "train":
+        raise flip_step.fail(
+            "a flip without RandomResizedCrop: FastLoader flips only on its training path; add "
+            "RandomResizedCrop(N) (training), or remove the flip"
+        )
+    last = _name(transform)
+    if form is None:
+        raise ConfigError(
+            f"transform {last}: no crop, so the images keep their own sizes, but FastLoader batches need one size: "
+            f"use {_TRAIN_HINT}"
+        )
+    if form == "resized":
+        raise ConfigError(
+            f"transform {last}: Resize({resize}) without CenterCrop gives images of different sizes, but FastLoader "
+            f"batches need one size: add CenterCrop(N) after it (N <= {resize})"
+        )
+    if not st.tensor:
+        raise ConfigError(
+            f"transform {last}: it returns PIL images, which a DataLoader cannot batch; add ToTensor() (float 0..1) "
+            "or PILToTensor() (uint8 0..255) after the crop"
+        )
+    uint8 = st.dtype == torch.uint8
+    out: dict[str, Any] = {
+        "train": form == "train",
+        "crop": crop,
+        "scale": scale,
+        "ratio": ratio,
+        "flip": flip,
+        "resize": resize if form == "eval" else None,
+        "mean": None if uint8 else tuple(st.M),
+        "std": None if uint8 else tuple(st.S),
+        "dtype": torch.float32 if uint8 else st.dtype,
+    }
+    return out
+
+
+_FLIP_IN_EVAL = (
+    "a horizontal flip in the evaluation form (Resize + CenterCrop): FastLoader flips only on its training path "
+    "(RandomResizedCrop); remove the flip"
+)
+
+_REFUSAL = {
+    "lambda": f"Lambda runs your own code, which FastLoader cannot translate: {_NO_EQUIVALENT}",
+    "random_apply": f"RandomApply applies its transforms at random, which FastLoader cannot do: {_NO_EQUIVALENT}",
+    "random_choice": f"RandomChoice picks one of its transforms at random, which FastLoader cannot do: {_NO_EQUIVALENT}",
+    "random_order": f"RandomOrder shuffles its transforms, which FastLoader cannot do: {_NO_EQUIVALENT}",
+    "random_crop": (
+        "RandomCrop has no FastLoader equivalent (FastLoader crops with RandomResizedCrop for training, "
+        "Resize + CenterCrop for evaluation): use RandomResizedCrop(N), or crop the batch on the GPU after the loader"
+    ),
+    "to_pil": f"ToPILImage has no FastLoader equivalent: {_NO_EQUIVALENT}",
+}
+
+
+_KNOWN = (
+    "RandomResizedCrop, RandomHorizontalFlip, Resize, CenterCrop, ToTensor, PILToTensor, ToImage, "
+    "ConvertImageDtype, ToDtype and Normalize"
+)
+
+
+def _unknown(t: Any) -> str:
+    """Why an unknown step is refused: a look-alike of a known one gets pointed to torchvision's."""
+    if re.search(r"crop|resize|flip|tensor|normali[sz]e|dtype", type(t).__name__, re.IGNORECASE):
+        return (
+            f"not one of torchvision's own transforms that FastLoader translates ({_KNOWN}, from "
+            "torchvision.transforms or torchvision.transforms.v2); use the torchvision one"
+        )
+    return f"has no FastLoader equivalent: {_NO_EQUIVALENT}"
+
+
+def _second_crop(form: str, first: _Step | None) -> str:
+    first_where = first.where if first is not None else "an earlier step"
+    if form == "train":
+        return (
+            f"a second crop or resize after {first_where}: FastLoader crops and resizes once, with RandomResizedCrop "
+            "from the full image (training); remove this step"
+        )
+    return (
+        f"a crop or resize after {first_where}: FastLoader's evaluation path is exactly Resize(S) then CenterCrop(N); "
+        "remove this step"
+    )
