@@ -45,8 +45,8 @@ from fastload.format import (
     Manifest,
     RECORD_MAGIC,
     jpeg_frame,
-    printable,
 )
+from fastload.errors import printable
 
 from conftest import encode_color, write_image
 
