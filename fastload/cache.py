@@ -33,8 +33,9 @@ that it gives back exactly these paths, labels and class names. When it would no
 names that look like integers, or that sort otherwise, classes without samples, paths
 that are not UTF-8...), the files are packed as a Python dataset of their bytes with the
 dataset's class names instead (the records then name ``dataset[i]`` rather than the file).
-Images that cannot be packed (corrupt, not images) are left out with a warning naming the
-first, as ``fastload pack`` does: the entry then has fewer samples than the dataset.
+An image that cannot be packed (corrupt, not an image) is an error naming it, and no entry
+is made: FastLoader reads a torchvision dataset by its indices (a ``DistributedSampler``
+over it, ``Subset``), so the entry holds every sample at the dataset's own index or none.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, FormatError, PackError, printable
+from .errors import BadImageError, ConfigError, FormatError, PackError, printable
 from .format import DEFAULT_MAX_PIXELS, FORMAT_VERSION, MANIFEST_NAME
 from .packing import pack, pack_dataset
 from .packing.images import max_file_bytes
@@ -421,10 +422,17 @@ def _pack(files: _Files, entry: Path, progress: bool, *, private: bool) -> None:
             log.info("%s: packing its files as a dataset of bytes (the class names cannot travel in a list file)", files.desc)
 
         def run(**kw: Any) -> None:
-            if as_list:
-                pack(list_path, staging, on_error="skip", progress=progress, **kw)
-            else:
-                pack_dataset(_FileBytes(files), staging, classes=files.classes, on_error="skip", progress=progress, **kw)
+            try:
+                if as_list:
+                    pack(list_path, staging, on_error="fail", progress=progress, **kw)
+                else:
+                    pack_dataset(_FileBytes(files), staging, classes=files.classes, on_error="fail", progress=progress, **kw)
+            except BadImageError as e:
+                raise PackError(
+                    f"{files.desc}: {e}; FastLoader keeps every sample of a torchvision dataset at its own index, "
+                    "so it packs all of them or none: fix or remove that file, or pack the folder with "
+                    "`fastload pack` (which skips such files) and pass the packed directory"
+                ) from None
 
         leftover = os.path.lexists(staging.with_name(staging.name + ".partial"))
         try:

@@ -459,6 +459,7 @@ class FastLoader:
         }  # fmt: skip
         self.dataset = LoaderDataset(
             packed, labels=labels, epoch=lambda: self._epoch, transform=source.transform, target_transform=target_transform,
+            origin=source.obj if source.kind == "torchvision" else None,
             settings={"train": self.train, "crop": crop, "resize": resize, "scale": scale_t, "ratio": ratio_t,
                       "flip": flip_f, "mean": mean_t, "std": std_t, "seed": seed},
         )  # fmt: skip

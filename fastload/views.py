@@ -56,6 +56,7 @@ class LoaderDataset(torch.utils.data.Dataset):
         epoch: returns the loader's current epoch (training crops and flips depend on it).
         transform: when the loader was made from a torchvision dataset, that dataset's
             transform (kept for clients that read it; FastLoader applies its translation).
+        origin: that torchvision dataset: ``root`` and ``samples``/``imgs`` are its own.
     """
 
     def __init__(
@@ -67,6 +68,7 @@ class LoaderDataset(torch.utils.data.Dataset):
         epoch: Callable[[], int],
         transform: Any = None,
         target_transform: Any = None,
+        origin: Any = None,
     ) -> None:
         self.packed = packed
         self._labels = labels
@@ -76,11 +78,15 @@ class LoaderDataset(torch.utils.data.Dataset):
         self.target_transform = target_transform
         self.classes: list[str] = packed.classes
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
-        options = packed.manifest.options if isinstance(packed.manifest.options, dict) else {}
-        self.root: str = str(options.get("source", ""))
-        # a list file's paths are relative to its folder, a folder's to the folder
-        base = os.path.dirname(self.root) if self.root.lower().endswith((".csv", ".tsv", ".txt")) else self.root
-        self.samples = _SourcePaths(packed, base, labels)
+        if origin is not None:  # a torchvision dataset packed into the cache: its own root and files
+            self.root: str = str(getattr(origin, "root", ""))
+            self.samples: Any = [(str(p), int(y)) for (p, _y), y in zip(origin.samples, labels.tolist())]
+        else:
+            options = packed.manifest.options if isinstance(packed.manifest.options, dict) else {}
+            self.root = str(options.get("source", ""))
+            # a list file's paths are relative to its folder, a folder's to the folder
+            base = os.path.dirname(self.root) if self.root.lower().endswith((".csv", ".tsv", ".txt")) else self.root
+            self.samples = _SourcePaths(packed, base, labels)
         self.imgs = self.samples
 
     def __getstate__(self) -> dict[str, Any]:

@@ -266,7 +266,7 @@ def test_a_failed_pack_names_the_root_and_leaves_nothing_finished(tmp_path):
     with pytest.raises(PackError) as e:
         cached_pack(folder, cache_dir=tmp_path / "c", progress=False)
     msg = str(e.value)
-    assert f"ImageFolder({root})" in msg and "nothing packed" in msg and "\n" not in msg
+    assert f"ImageFolder({root})" in msg and str(root / "c0" / "0.jpg") in msg and "\n" not in msg
     entry = cache_entry(folder, cache_dir=tmp_path / "c")
     assert not entry.exists() and not entry.with_name(entry.name + ".pack").exists()
     for k in range(2):  # fixed: the same call now packs
@@ -275,17 +275,21 @@ def test_a_failed_pack_names_the_root_and_leaves_nothing_finished(tmp_path):
     assert [pix for _, _, (pix, _) in _contents(fixed)] == [0, 1]
 
 
-def test_unreadable_images_are_left_out_with_a_warning(make_folder, tmp_path, caplog):
+def test_an_unreadable_image_is_named_and_nothing_is_cached(make_folder, tmp_path):
+    """Leaving it out would shift every later index away from the ImageFolder's own."""
     root = make_folder(classes=2, per_class=3)
     bad = root / "class_1" / "img_0001.jpg"
+    good = bad.read_bytes()
     bad.write_bytes(b"\xff\xd8 truncated")
     folder = ImageFolder(str(root))
-    with caplog.at_level(logging.WARNING, logger="fastload.cache"):
-        entry = cached_pack(folder, cache_dir=tmp_path / "c", progress=False)
-    ds = fastload.Dataset(entry)
-    assert len(ds) == 5 and [int(x) for x in ds.labels] == [0, 0, 0, 1, 1]
-    warned = [r.getMessage() for r in caplog.records if r.name == "fastload.cache"]
-    assert any("1 of 6 images" in m and str(bad) in m for m in warned), warned
+    with pytest.raises(PackError, match=f"{bad}: .*packs all of them or none"):
+        cached_pack(folder, cache_dir=tmp_path / "c", progress=False)
+    entry = cache_entry(folder, cache_dir=tmp_path / "c")
+    assert not entry.exists()
+    bad.write_bytes(good)
+    folder = ImageFolder(str(root))
+    ds = fastload.Dataset(cached_pack(folder, cache_dir=tmp_path / "c", progress=False))
+    assert len(ds) == 6 and [int(x) for x in ds.labels] == folder.targets
 
 
 def test_an_entry_without_manifest_is_reported(make_folder, tmp_path):

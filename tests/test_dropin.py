@@ -321,3 +321,16 @@ def test_evaluation_output_is_torchvisions_resize_and_center_crop(tmp_path):
         view = ((loader.dataset[i][0] - ref) * scale).abs()
         assert view.max() <= 1e-3, (sizes[i], float(view.max()))  # the view resizes with PIL: exact
     loader.close()
+
+
+def test_a_torchvision_dataset_keeps_its_own_root_samples_and_indices(packed, tmp_path):
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    ref = ImageFolder(str(packed.parent / "src"), T.Compose([T.Resize(20), T.CenterCrop(16), T.ToTensor(), T.Normalize(MEAN, STD)]))
+    loader = FastLoader(ref, 4, cache_dir=tmp_path / "cache", device="cpu", progress=False)
+    view = loader.dataset
+    assert view.root == ref.root and view.samples == ref.samples and view.imgs == ref.imgs and view.targets == ref.targets
+    assert view.transform is ref.transform and (loader.train, loader.resize, loader.crop) == (False, 20, 16)
+    assert sum(_read(loader), []) == list(range(N))  # the dataset's own indices, in order (shuffle=False)
+    loader.close()

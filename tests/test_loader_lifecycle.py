@@ -132,7 +132,7 @@ def test_a_dropped_iterator_stops_its_thread_and_the_loader_goes_on(packed):
 
 
 _MANY_SCRIPT = """
-import gc, json, sys, threading
+import gc, json, sys, threading, time
 import fastload
 
 def rss_mb():
@@ -143,13 +143,19 @@ def one():
     loader = fastload.FastLoader(sys.argv[1], 4, device="cpu", crop=16, num_threads=1)
     next(iter(loader))  # one batch, then dropped without close()
 
+def settle():  # a stopped thread ends by itself a moment after its loader is collected
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while threading.active_count() > 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+
 for _ in range(int(sys.argv[2])):  # warm-up: allocator arenas, DALI's caches
     one()
-gc.collect()
+settle()
 before, threads_before = rss_mb(), threading.active_count()
 for _ in range(int(sys.argv[3])):
     one()
-gc.collect()
+settle()
 print(json.dumps({"before": before, "after": rss_mb(), "threads_before": threads_before,
                   "threads_after": threading.active_count()}))
 """
