@@ -196,7 +196,14 @@ def _add_pack(sub) -> None:
     p.add_argument("--workers", type=int, default=None, metavar="N", help="processes (default: all cores)")
     p.add_argument("--shard-size", default="1GB", metavar="SIZE", help="largest shard, like 1GB, 512MB, 64KiB (default 1GB)")
     p.add_argument("--on-error", choices=("skip", "fail"), default="skip", help="skip bad images (default) or stop at the first")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT (and any unfinished pack)")
+    p.add_argument(
+        "--overwrite", action="store_true",
+        help=(
+            "replace OUT (and an unfinished OUT.partial) if it is a fastload dataset or unfinished pack holding "
+            "only fastload's files, or an empty directory; never SRC or a directory inside or holding it "
+            "(anything else is refused)"
+        ),
+    )
     p.add_argument("--resume", action="store_true", help="continue an interrupted pack, reusing its finished shards")
     p.add_argument("--max-size", type=int, default=None, metavar="PX", help="shrink images whose longer side exceeds PX")
     p.add_argument("--quality", type=int, default=95, metavar="Q", help="JPEG quality of re-encoded images (default 95)")
