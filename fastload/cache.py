@@ -61,7 +61,7 @@ from .errors import BadImageError, ConfigError, FormatError, PackError, printabl
 from .format import DEFAULT_MAX_PIXELS, FORMAT_VERSION, MANIFEST_NAME
 from .packing import pack, pack_dataset
 from .packing.images import max_file_bytes
-from .packing.journal import fsync_dir
+from .packing.journal import fsync_dir, hold_lock, release_lock
 from .packing.outdir import remove_dataset_dir
 from .packing.sources import MAX_CLASSES, file_kind, read_list, stored_name
 from .reader import Dataset, read_manifest
@@ -82,19 +82,6 @@ CACHE_ENV = "FASTLOAD_CACHE"
 #: Seconds between two "still waiting" log lines of a process waiting for the packer.
 WAIT_LOG_EVERY = 60.0
 _POLL = 0.2
-_HELD: set[int] = set()  # lock descriptors this process holds
-
-
-def _close_held_in_child() -> None:
-    # a forked pack worker must not keep the lock alive after the packer dies
-    for fd in list(_HELD):
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _HELD.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_held_in_child)
 
 
 # ============================================================================ the dataset's files
@@ -292,7 +279,7 @@ class _Lock:
             os.close(fd)
             raise
         self.fd = fd
-        _HELD.add(fd)
+        hold_lock(fd)
         return self
 
     def _wait(self, fd: int) -> bool:
@@ -322,7 +309,7 @@ class _Lock:
     def __exit__(self, *exc: object) -> None:
         fd, self.fd = self.fd, None
         if fd is not None:
-            _HELD.discard(fd)
+            release_lock(fd)
             with contextlib.suppress(OSError):
                 os.close(fd)
 

@@ -1,7 +1,8 @@
-"""The resume journal of an unfinished pack, and the fsync/atomic-write helpers it relies on."""
+"""The resume journal of an unfinished pack, and the fsync, atomic-write and lock helpers it relies on."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -98,3 +99,30 @@ class Journal:
         except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError, FastloadError) as e:
             raise PackError(f"{p}: unreadable journal ({short_message(e)}); start over with --overwrite") from None
         return j
+
+
+# ---------------------------------------------------------------------------- locks across fork
+
+_HELD: set[int] = set()  # descriptors of the flocks this process holds
+
+
+def _close_held_in_child() -> None:
+    # a forked worker must not keep its parent's lock alive after the parent dies
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_held_in_child)
+
+
+def hold_lock(fd: int) -> None:
+    """Note that ``fd`` carries a lock of this process: forked children close their copy of it."""
+    _HELD.add(fd)
+
+
+def release_lock(fd: int) -> None:
+    """``fd`` no longer carries a lock (call before closing it)."""
+    _HELD.discard(fd)

@@ -41,7 +41,7 @@ from ..errors import ConfigError, PackError, printable
 from ..format import LABELS_DTYPE, LABELS_NAME, MANIFEST_NAME, Manifest, ShardInfo, shard_name
 from ..store import HeaderStats, file_sha256, iter_headers
 from ..version import __version__
-from .journal import JOURNAL_FORMAT, JOURNAL_NAME, Journal, atomic_write, fsync_dir
+from .journal import JOURNAL_FORMAT, JOURNAL_NAME, Journal, atomic_write, fsync_dir, hold_lock, release_lock
 from .sources import FileSource, Source
 
 try:
@@ -167,19 +167,6 @@ class SourceGuard:
 
 # ============================================================================ one writer per OUT
 
-_HELD: set[int] = set()  # descriptors of the locks this process holds
-
-
-def _close_held_in_child() -> None:
-    # a forked worker must not keep the parent's lock alive after the parent dies
-    for fd in list(_HELD):
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _HELD.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_held_in_child)
 
 
 def _holder(fd: int) -> int | None:
@@ -287,14 +274,14 @@ class WriterLock:
             with contextlib.suppress(OSError):
                 os.close(fd)
             raise
-        _HELD.add(fd)
+        hold_lock(fd)
         return cls(fd, path)
 
     def release(self) -> None:
         """Drop the lock (idempotent)."""
         fd, self.fd = self.fd, None
         if fd is not None:
-            _HELD.discard(fd)
+            release_lock(fd)
             with contextlib.suppress(OSError):
                 os.close(fd)
 
