@@ -87,6 +87,7 @@ def test_a_second_call_reuses_the_entry(make_folder, tmp_path, caplog):
     entry = cached_pack(folder, cache_dir=tmp_path / "c", progress=False)
     before = _manifest_mtime(entry)
     time.sleep(0.02)
+    caplog.clear()  # the first call's own line, when an earlier test left fastload's logger at INFO
     with caplog.at_level(logging.INFO, logger="fastload"):
         again = cached_pack(ImageFolder(folder.root), cache_dir=tmp_path / "c", progress=False)
     assert again == entry and _manifest_mtime(entry) == before
