@@ -1,19 +1,24 @@
-"""Read-only random access to a packed dataset. Knows nothing of DALI or torch."""
+"""Read-only random access to a packed dataset, and reading ahead of it. Knows nothing of DALI or torch."""
 
 from __future__ import annotations
 
 import bisect
+import collections
 import hashlib
+import logging
 import operator
 import os
+import queue
 import stat
+import threading
+import weakref
 import zlib
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
-from .errors import CorruptDataError, DependencyError, FormatError, printable
+from .errors import ConfigError, CorruptDataError, FormatError, printable
 from .format import (
     ENC_JPEG,
     HEADER_SIZE,
@@ -23,7 +28,6 @@ from .format import (
     MIN_RECORD_BYTES,
     Manifest,
     RecordHeader,
-    KEY,
     ShardInfo,
     check_stored_size,
     decode_header,
@@ -32,21 +36,39 @@ from .format import (
     record_path,
 )
 from .store import (
+    DamagedShardError,
+    ShardFile,
     UnusableFileError,
-    check_once,
     file_identity,
     file_problem,
     open_regular,
+    open_shard_file,
     read_regular,
-    shared_env,
     stat_regular,
 )
 
-try:  # lmdb is a hard dependency; keep the hint readable anyway
-    import lmdb
-except ImportError as e:  # pragma: no cover - exercised only without lmdb
-    lmdb = None
-    _lmdb_error = e
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: Bytes of a record read first when its payload is read apart (header, source path).
+_HEAD = 512
+
+
+class _ValueHead(bytes):
+    """The first bytes of a stored value, whose ``len()`` is the whole value's: what
+    :func:`~fastload.format.decode_header` needs to check the header's lengths against the
+    value without the payload having been read (the payload is read apart, into its own
+    ``bytes``, saving a copy of it)."""
+
+    length: int
+
+    def __new__(cls, head: bytes | memoryview, length: int) -> "_ValueHead":
+        obj = super().__new__(cls, head)
+        obj.length = length
+        return obj
+
+    def __len__(self) -> int:
+        return self.length
 
 
 def read_manifest(path: str | os.PathLike) -> Manifest:
@@ -120,9 +142,13 @@ def claimed_samples_problem(root: str | os.PathLike, manifest: Manifest) -> str 
 class Dataset:
     """A packed dataset: ``len(ds)``, ``ds[i] -> (encoded bytes, label)``.
 
-    Opening reads only the manifest and the labels; shards are opened lazily, one
-    shared read-only handle per shard per process, so a ``Dataset`` may be used
-    from many threads and processes (including forked DataLoader workers) at once.
+    Opening reads only the manifest and the labels. Shards are opened when first read, one
+    :class:`~fastload.store.ShardFile` per shard file per process, read with ``pread``
+    (nothing is memory-mapped, so reading adds nothing to resident memory but the bytes
+    returned); a ``Dataset`` may be used from many threads and processes (including forked
+    DataLoader workers) at once. Opening a shard reads its LMDB meta pages, and its branch
+    and leaf pages (about 0.03 % of a shard of 100 KB records) if its records are stored
+    in overflow pages; a shard of small records is checked page by page as records are read.
 
     Args:
         path: directory written by :func:`fastload.pack`.
@@ -131,16 +157,18 @@ class Dataset:
     """
 
     def __init__(self, path: str | os.PathLike, *, check: bool = False) -> None:
-        if lmdb is None:  # pragma: no cover
-            raise DependencyError(f"lmdb is not importable ({_lmdb_error}); pip install lmdb")
         self.path = Path(path)
         self.check = bool(check)
         self.manifest = read_manifest(self.path)
         self._firsts = [s.first for s in self.manifest.shards]
         self._max_pixels = self.manifest.max_pixels
         self._labels = self._read_labels()
-        self._envs: list["lmdb.Environment" | None] = [None] * len(self.manifest.shards)
-        self._pid = os.getpid()
+        self._files: list[ShardFile | None] = [None] * len(self.manifest.shards)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_files"] = [None] * len(self._files)  # descriptors do not travel: the copy opens its own
+        return state
 
     # -- metadata ---------------------------------------------------------------------------
     def _read_labels(self) -> np.ndarray:
@@ -183,6 +211,11 @@ class Dataset:
     def shards(self) -> list[ShardInfo]:
         return list(self.manifest.shards)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the shard files (from the manifest): what reading every record reads, about."""
+        return sum(s.bytes for s in self.manifest.shards)
+
     def __len__(self) -> int:
         return self.manifest.num_samples
 
@@ -194,18 +227,14 @@ class Dataset:
     def _shard_of(self, index: int) -> ShardInfo:
         return self.manifest.shards[bisect.bisect_right(self._firsts, index) - 1]
 
-    def _env(self, k: int) -> "lmdb.Environment":
-        """The open environment of shard ``k``, checked against the manifest on first use."""
-        if self._pid != os.getpid():  # forked: handles of the parent are not ours
-            self._envs = [None] * len(self._envs)
-            self._pid = os.getpid()
-        env = self._envs[k]
-        if env is not None:
-            return env
+    def _file(self, k: int) -> ShardFile:
+        """Shard ``k``'s open file, checked against the manifest on first use."""
+        f = self._files[k]
+        if f is not None and not f.closed:
+            return f
         shard = self.manifest.shards[k]
         fpath = str(self.path / shard.file)
-        # A truncated file read through mmap kills the process with SIGBUS: check first. Only a
-        # regular file inside the dataset directory is opened (a FIFO or a device would hang).
+        # Only a regular file inside the dataset directory is opened (a FIFO or a device would hang).
         try:
             st = stat_regular(fpath, within=self.path)
         except FileNotFoundError:
@@ -217,18 +246,20 @@ class Dataset:
                 f"{fpath}: shard is {st.st_size} bytes, the manifest says {shard.bytes}; "
                 "it was truncated or replaced (run `fastload verify`)"
             )
-        identity = file_identity(st)
-        problem = check_once(fpath, identity, first=shard.first, count=shard.count)
-        if problem:
-            raise CorruptDataError(f"{fpath}: damaged shard ({problem}); run `fastload verify {self.path}`")
         try:
-            env = shared_env(fpath, identity)
-        except lmdb.Error as e:
-            raise CorruptDataError(f"{fpath}: cannot open shard: {e}") from None
+            f = open_shard_file(fpath, file_identity(st), first=shard.first, count=shard.count)
+        except DamagedShardError as e:
+            raise CorruptDataError(f"{e}; run `fastload verify {self.path}`") from None
         except OSError as e:
             raise FormatError(f"{fpath}: cannot open shard: it {file_problem(e)}") from None
-        self._envs[k] = env
-        return env
+        self._files[k] = f
+        return f
+
+    def _value(self, k: int, i: int) -> bytes | memoryview:
+        try:
+            return self._file(k).value(i)
+        except DamagedShardError as e:
+            raise CorruptDataError(f"{e}; run `fastload verify {self.path}`") from None
 
     def _index(self, index: int) -> int:
         n = self.manifest.num_samples
@@ -252,21 +283,25 @@ class Dataset:
         """Header, payload and (optionally) source path of one sample: the hot path."""
         i = self._index(index)
         k = bisect.bisect_right(self._firsts, i) - 1
-        env = self._env(k)
+        f = self._file(k)
         try:
-            with env.begin(buffers=True) as txn:
-                value = txn.get(KEY.pack(i))
-                if value is None:
-                    raise CorruptDataError(f"{self._where(k, i)}: record missing from its shard")
-                try:
-                    header = decode_header(value, where="")
-                except CorruptDataError as e:
-                    raise CorruptDataError(f"{self._where(k, i)}{e}") from None
-                start = HEADER_SIZE + header.path_len
-                payload = bytes(value[start:])
-                path = bytes(value[HEADER_SIZE:start]).decode("utf-8", "surrogateescape") if want_path else None
-        except lmdb.Error as e:
-            raise CorruptDataError(f"{self._where(k, i)}: LMDB error: {e}") from None
+            value, n, off = f.read(i, _HEAD)
+        except DamagedShardError as e:
+            raise CorruptDataError(f"{e}; run `fastload verify {self.path}`") from None
+        try:
+            header = decode_header(value if len(value) == n else _ValueHead(value, n), where="")
+        except CorruptDataError as e:
+            raise CorruptDataError(f"{self._where(k, i)}{e}") from None
+        start = HEADER_SIZE + header.path_len
+        if len(value) == n:
+            payload = bytes(value[start:])
+            path = bytes(value[HEADER_SIZE:start]) if want_path else None
+        else:  # only the value's start was read: the payload straight into its bytes object
+            payload = f.pread(off + start, n - start, i)
+            path = None
+            if want_path:
+                path = bytes(value[HEADER_SIZE:start]) if start <= len(value) else f.pread(off + HEADER_SIZE, header.path_len, i)
+        path = path.decode("utf-8", "surrogateescape") if path is not None else None
         if header.label != self._labels[i]:
             raise CorruptDataError(f"{self._where(k, i)}: label {header.label} differs from labels.bin ({int(self._labels[i])})")
         # The header is not covered by the CRC and a decoder sizes its output from the payload's
@@ -294,15 +329,8 @@ class Dataset:
         """``(header, stored value, description)`` of one sample, validated against its header."""
         i = self._index(index)
         k = bisect.bisect_right(self._firsts, i) - 1
-        env = self._env(k)
         where = self._where(k, i)
-        try:
-            with env.begin() as txn:
-                value = txn.get(KEY.pack(i))
-        except lmdb.Error as e:
-            raise CorruptDataError(f"{where}: LMDB error: {e}") from None
-        if value is None:
-            raise CorruptDataError(f"{where}: record missing from its shard")
+        value = bytes(self._value(k, i))
         header = decode_header(value, where=where)
         return header, value, where
 
@@ -339,5 +367,265 @@ class Dataset:
         for i in range(len(self)):
             yield self[i]
 
+    # -- the page cache ---------------------------------------------------------------------
+    def _by_shard(self, indices: Any) -> Iterator[tuple[int, list[int]]]:
+        """``(shard, its indices)`` of a sequence of sample indices, sorted, without repeats, in shard order."""
+        idx = np.asarray(indices)
+        if idx.size and idx.dtype.kind not in "iu":
+            raise TypeError(f"sample indices must be integers, got an array of {idx.dtype}")
+        if idx.size == 0:
+            return
+        n = self.manifest.num_samples
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= n:
+            raise IndexError(f"sample index {lo if lo < 0 else hi} out of range for a dataset of {n} samples")
+        firsts, k, part = self._firsts, -1, []
+        end = -1  # first index past shard k
+        for i in sorted(set(idx.ravel().tolist())):
+            if i >= end:
+                if part:
+                    yield k, part
+                k = bisect.bisect_right(firsts, i) - 1
+                end = firsts[k + 1] if k + 1 < len(firsts) else n
+                part = []
+            part.append(i)
+        if part:
+            yield k, part
 
-__all__ = ["Dataset", "read_manifest", "claimed_samples_problem"]
+    def prefetch(self, indices: Sequence[int] | np.ndarray) -> None:
+        """Have the kernel read these samples' records into the page cache, then return.
+
+        Locates each record (opening its shard and reading the B-tree pages on its path if
+        that was not done yet: those reads are waited for), then asks for exactly the
+        records' byte ranges, sorted and joined, with ``POSIX_FADV_WILLNEED``: the disk
+        reads them in parallel while this returns. A later :meth:`record` of them finds
+        them in memory. :class:`ReadAhead` calls this from a few threads, batches ahead.
+
+        Raises:
+            IndexError, TypeError: an index is out of range or not an integer.
+            FormatError, CorruptDataError: a shard cannot be opened or is damaged, as
+                :meth:`record` would say.
+        """
+        for k, idx in self._by_shard(indices):
+            try:
+                self._file(k).willneed(idx)
+            except DamagedShardError as e:
+                raise CorruptDataError(f"{e}; run `fastload verify {self.path}`") from None
+
+    def evict(self, indices: Sequence[int] | np.ndarray) -> None:
+        """Drop from the page cache the pages that only these samples' records occupy.
+
+        Records stored in overflow pages (more than about 2 KB) own whole pages, which are
+        dropped (``POSIX_FADV_DONTNEED``); records inside leaf pages share them and are
+        left. For epochs over datasets larger than memory: the cache then holds what is
+        about to be read rather than what was just read. Reads return copies, so evicting
+        records already read never changes them. Shards not opened yet are skipped.
+        """
+        for k, idx in self._by_shard(indices):
+            f = self._files[k]
+            if f is not None:
+                f.evict(idx)
+
+    def locate(self, index: int) -> tuple[str, int, int]:
+        """``(shard file, offset, length)`` of sample ``index``'s stored value in its shard file."""
+        i = self._index(index)
+        k = bisect.bisect_right(self._firsts, i) - 1
+        try:
+            off, n = self._file(k).locate(i)
+        except DamagedShardError as e:
+            raise CorruptDataError(f"{e}; run `fastload verify {self.path}`") from None
+        return str(self.path / self.manifest.shards[k].file), off, n
+
+
+def _batch_indices(batch: Any) -> Any:
+    return getattr(batch, "indices", batch)
+
+
+class _Token:
+    """Cancels the tasks of one :meth:`ReadAhead.ahead` when its iteration ends."""
+
+    cancelled = False
+
+
+class _Workers:
+    """ReadAhead's threads and their queue (held apart from the ReadAhead, which they must not keep alive)."""
+
+    def __init__(self, dataset: Dataset, threads: int) -> None:
+        self.dataset = dataset
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.failed = 0  # requests that raised (the reads report why)
+        self.pid = os.getpid()
+        self.threads = [threading.Thread(target=self.run, name=f"fastload-readahead-{k}", daemon=True) for k in range(threads)]
+        for t in self.threads:
+            t.start()
+
+    def run(self) -> None:
+        while True:
+            task = self.queue.get()
+            if task is None:
+                return
+            token, evict, idx = task
+            if token is not None and token.cancelled:
+                continue
+            try:
+                if evict:
+                    self.dataset.evict(idx)
+                else:
+                    self.dataset.prefetch(idx)
+            except Exception as e:  # noqa: BLE001 - advice only: the read itself reports the problem
+                self.failed += 1
+                log.debug("read-ahead of %d records failed: %s", len(idx), e)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        for _ in self.threads:
+            self.queue.put(None)
+        if os.getpid() == self.pid:
+            for t in self.threads:
+                if t is not threading.current_thread():
+                    t.join(timeout)
+
+
+class ReadAhead:
+    """Reads the records of upcoming batches into the page cache ahead of their use, from a few threads.
+
+    On a cold cache :meth:`Dataset.record` waits for each record in turn; here ``threads``
+    threads locate the records of the next ``depth`` batches and ask the kernel for them
+    (:meth:`Dataset.prefetch`), so the disk reads many at once and ``record`` finds them in
+    memory. Usage, wrapping any iterable of batches (``Batch`` objects or index arrays)::
+
+        ra = ReadAhead(dataset, threads=4, depth=4)
+        for batch in ra.ahead(sampler.batches(epoch)):
+            records = [dataset.record(i) for i in batch.indices]
+        ra.close()
+
+    It never raises on behalf of a record: a record it could not read ahead is read (and
+    its problem reported) by ``record`` as without it.
+
+    Args:
+        dataset: the dataset the batches index.
+        threads: threads locating records and asking for them, 1..64.
+        depth: batches kept requested ahead of the one being read, 1..1024.
+        evict: once a batch has been read (when the next one is asked for), drop the pages
+            only its records occupy from the page cache (:meth:`Dataset.evict`): for datasets
+            larger than memory. Leave it False when the dataset fits, so later epochs are warm.
+        runs: for a block-shuffled order (``EpochSampler(order="block")``), its
+            ``block_size``: the first time a batch needs a sample of a run of ``runs``
+            consecutive samples (``[k * runs, (k + 1) * runs)``), the whole run is asked for,
+            so each run is read once, sequentially, and its other samples, due within the
+            next ``window`` runs' worth of batches, are found in memory. The page cache then
+            holds about ``window`` runs at a time.
+    """
+
+    def __init__(
+        self, dataset: Dataset, *, threads: int = 4, depth: int = 4, evict: bool = False, runs: int | None = None
+    ) -> None:
+        if not isinstance(dataset, Dataset):
+            raise ConfigError(f"dataset must be a fastload.Dataset, got {type(dataset).__name__}")
+        self.dataset = dataset
+        self.threads = _count("threads", threads, 1, 64)
+        self.depth = _count("depth", depth, 1, 1024)
+        if not isinstance(evict, bool):
+            raise ConfigError(f"evict must be True or False, got {evict!r}")
+        self.evict = evict
+        self.runs = None if runs is None else _count("runs", runs, 1, 2**62)
+        self._workers: _Workers | None = None
+        self._finalizer: Any = None
+        self._default = _Token()
+        self._requested = 0
+
+    def _pool(self) -> _Workers:
+        w = self._workers
+        if w is None or w.pid != os.getpid():  # none yet, or forked: the parent's threads are not here
+            w = self._workers = _Workers(self.dataset, self.threads)
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, w.stop, 0.0)
+        return w
+
+    @property
+    def requested(self) -> int:
+        """Records asked for so far (by :meth:`prefetch` and :meth:`ahead`)."""
+        return self._requested
+
+    def prefetch(self, indices: Sequence[int] | np.ndarray, *, _token: _Token | None = None) -> None:
+        """Ask for these samples' records in the background; returns at once."""
+        idx = np.asarray(indices)
+        if idx.size == 0:
+            return
+        idx = np.sort(idx.ravel())  # by shard and by place in it, split between the threads
+        self._requested += idx.size
+        pool = self._pool()
+        for part in np.array_split(idx, min(self.threads, idx.size)):
+            pool.queue.put((_token or self._default, False, part))
+
+    def ahead(self, batches: Iterable[T], *, indices: Callable[[T], Any] | None = None) -> Iterator[T]:
+        """Yield ``batches`` unchanged, keeping the next ``depth`` of them requested.
+
+        ``indices(batch)`` gives a batch's sample indices (default: ``batch.indices``, or the
+        batch itself). When the iteration ends or is closed, its requests not yet started
+        are dropped.
+        """
+        get = indices or _batch_indices
+        runs_seen: set[int] = set()
+        token = _Token()
+        window: collections.deque[T] = collections.deque()
+        it = iter(batches)
+        prev: T | None = None
+        try:
+            while True:
+                while len(window) <= self.depth:
+                    try:
+                        b = next(it)
+                    except StopIteration:
+                        break
+                    self.prefetch(self._new_runs(get(b), runs_seen), _token=token)
+                    window.append(b)
+                if self.evict and prev is not None:  # asked for the next batch: the previous one was read
+                    self._pool().queue.put((None, True, np.asarray(get(prev))))
+                if not window:
+                    return
+                prev = window.popleft()
+                yield prev
+        finally:
+            token.cancelled = True
+
+    def _new_runs(self, indices: Any, seen: set[int]) -> np.ndarray:
+        """``indices``, or with ``runs``, every sample of the runs they touch not asked for yet."""
+        idx = np.asarray(indices, dtype=np.int64).ravel()
+        if self.runs is None or idx.size == 0:
+            return idx
+        fresh = [r for r in np.unique(idx // self.runs).tolist() if r not in seen]
+        seen.update(fresh)
+        n = len(self.dataset)
+        parts = [np.arange(r * self.runs, min((r + 1) * self.runs, n)) for r in fresh]
+        return np.concatenate(parts) if parts else idx[:0]
+
+    def close(self) -> None:
+        """Stop the threads and wait for them (the requests already made to the kernel complete by themselves)."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        if self._workers is not None:
+            self._workers.stop(5.0)
+        self._workers = None
+
+    def __enter__(self) -> "ReadAhead":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _count(name: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be an integer in {lo}..{hi}, got {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be an integer in {lo}..{hi}, got {value!r}") from None
+    if not lo <= v <= hi:
+        raise ConfigError(f"{name} must be an integer in {lo}..{hi}, got {v}")
+    return v
+
+
+__all__ = ["Dataset", "ReadAhead", "read_manifest", "claimed_samples_problem"]
