@@ -40,7 +40,7 @@ from .dlcompat import LoaderBatchSampler, RankSampler, SamplerPlan, check_collat
 from .host import finish_crops
 from .errors import ConfigError, FastloadError, FormatError, LoaderError
 from .pipeline import GraphSpec, build_pipeline, import_dali
-from .reader import Dataset
+from .reader import Dataset, ReadAhead
 from .sampler import Batch, EpochSampler
 from .views import LoaderDataset
 
@@ -686,6 +686,8 @@ class _Core:
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.pipe: Any = None
         self.run: _EpochRun | None = None
+        # the records of the next batches are asked for from a few threads, ahead of DALI (cold data)
+        self.read_ahead = ReadAhead(self.dataset, threads=4, depth=max(2, self.prefetch + 2))
         self.closed = False
         self.lock = threading.Lock()
         _LIVE_CORES.add(self)
@@ -719,6 +721,7 @@ class _Core:
                 return
             self.closed = True
             self._stop_locked(superseded=False)
+            self.read_ahead.close()
             self.pipe = None  # DALI frees its buffers (and GPU memory) with the pipeline
             if self.stream is not None:
                 with contextlib.suppress(Exception):
@@ -871,7 +874,7 @@ class _EpochRun:
         self.yielded = start
         self.finished = False
         self.superseded = False  # a newer iter() of the same loader took over
-        self._plan = core.plan.batches(epoch, start)
+        self._plan = core.read_ahead.ahead(core.plan.batches(epoch, start))
         self._inflight: collections.deque[Batch] = collections.deque()
         self.flips: collections.deque[np.ndarray] = collections.deque()  # host_finish only
         self.errors: dict[int, LoaderError] = {}  # batch number -> the error to raise at its turn
@@ -1001,6 +1004,8 @@ class _EpochRun:
             except queue.Empty:
                 pass
         self._thread.join()
+        with contextlib.suppress(Exception):
+            self._plan.close()  # drops the read-ahead requests not yet started
         self.finished = True
 
 
