@@ -532,6 +532,7 @@ class ReadAhead:
         self._finalizer: Any = None
         self._default = _Token()
         self._requested = 0
+        self._closed = False
 
     def _pool(self) -> _Workers:
         w = self._workers
@@ -550,7 +551,7 @@ class ReadAhead:
     def prefetch(self, indices: Sequence[int] | np.ndarray, *, _token: _Token | None = None) -> None:
         """Ask for these samples' records in the background; returns at once."""
         idx = np.asarray(indices)
-        if idx.size == 0:
+        if idx.size == 0 or self._closed:  # closed: a batch still being handed on must not restart the threads
             return
         idx = np.sort(idx.ravel())  # by shard and by place in it, split between the threads
         self._requested += idx.size
@@ -580,7 +581,7 @@ class ReadAhead:
                         break
                     self.prefetch(self._new_runs(get(b), runs_seen), _token=token)
                     window.append(b)
-                if self.evict and prev is not None:  # asked for the next batch: the previous one was read
+                if self.evict and prev is not None and not self._closed:  # the next batch asked for: the previous one was read
                     self._pool().queue.put((None, True, np.asarray(get(prev))))
                 if not window:
                     return
@@ -601,7 +602,12 @@ class ReadAhead:
         return np.concatenate(parts) if parts else idx[:0]
 
     def close(self) -> None:
-        """Stop the threads and wait for them (the requests already made to the kernel complete by themselves)."""
+        """Stop the threads and wait for them (the requests already made to the kernel complete by themselves).
+
+        Later requests are ignored: batches still being read (a finaliser may close the pool
+        while an epoch's last batches are handed on) are read without read-ahead.
+        """
+        self._closed = True
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
