@@ -87,7 +87,7 @@ def test_verify_names_shard_and_sample_of_a_flipped_payload_byte(packed, capsys,
     lines = err.splitlines()
     assert lines == [
         f"bad shard {shard}: SHA-256 differs from the manifest",
-        f"sample {index} in {shard}: payload CRC-32 mismatch (the image bytes were altered)",
+        f"sample {index} in {shard}: payload XXH3 checksum mismatch (the image bytes were altered)",
         f"fastload verify: 2 problem(s) in {packed} ({len(fastload.Dataset(packed).shards)} shards, {N} samples checked)",
     ]
     assert "Traceback" not in err
@@ -112,11 +112,11 @@ def test_training_reports_shard_sample_and_source_path(packed, prefetch):
     _flip(shard, at + length - 100)
     got, err = _batches_before_error(packed, prefetch)
     msg = str(err)
-    assert f"sample {index} ({source}) in {shard}" in msg and "CRC-32 mismatch" in msg, msg
+    assert f"sample {index} ({source}) in {shard}" in msg and "XXH3 checksum mismatch" in msg, msg
     assert source == "class 1/img_03.jpg"
     labels = fastload.Dataset(packed).labels.tolist()
     assert [y for b in got for y in b] == labels[: 4 * len(got)]  # what arrived before the error is right
-    with pytest.raises(CorruptDataError, match=rf"{shard} sample {index}: payload CRC-32 mismatch"):
+    with pytest.raises(CorruptDataError, match=rf"{shard} sample {index}: payload XXH3 checksum mismatch"):
         fastload.Dataset(packed, check=True)[index]
 
 

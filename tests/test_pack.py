@@ -648,7 +648,7 @@ def test_reader_refusals(tmp_path, make_folder):
 
     newer = tmp_path / "newer"
     newer.mkdir()
-    (newer / "manifest.json").write_text(json.dumps({**m, "version": "2.0"}))
+    (newer / "manifest.json").write_text(json.dumps({**m, "version": "3.0"}))
     with pytest.raises(FormatError, match="newer than this fastload reads.*upgrade"):
         fastload.Dataset(newer)
 
@@ -683,7 +683,7 @@ def test_verify_names_a_corrupted_sample(tmp_path, make_folder):
     assert not rep.ok
     assert rep.problems == [
         f"bad shard {shard}: SHA-256 differs from the manifest",
-        f"sample 4 in {shard}: payload CRC-32 mismatch (the image bytes were altered)",
+        f"sample 4 in {shard}: payload XXH3 checksum mismatch (the image bytes were altered)",
     ]
     assert rep.samples_checked == 6
 

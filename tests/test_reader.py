@@ -78,6 +78,6 @@ def test_check_reports_altered_bytes(make_folder, tmp_path):
     shard.write_bytes(bytes(raw))
     fresh = fastload.Dataset(tmp_path / "p", check=True)
     fresh[0]
-    with pytest.raises(CorruptDataError, match=r"sample 1: payload CRC-32 mismatch"):
+    with pytest.raises(CorruptDataError, match=r"sample 1: payload XXH3 checksum mismatch"):
         fresh[1]
     assert fastload.Dataset(tmp_path / "p", check=False)[1][1] == 0  # unchecked reads still work

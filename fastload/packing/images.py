@@ -17,7 +17,6 @@ import io
 import os
 import stat
 import struct
-import zlib
 from typing import Any
 
 import numpy as np
@@ -35,6 +34,7 @@ from ..format import (
     RECORD_VERSION,
     encode_record,
     jpeg_frame,
+    payload_checksum,
 )
 from .sources import Task, file_kind
 
@@ -522,7 +522,7 @@ def _fast_file(task: Task, opts: ImageOptions) -> bytes | bytearray | tuple | No
             return None
         if b"\xff\xd9" not in bytes(payload[-EOI_WINDOW:]):
             return None  # truncated, or data after the image: the full path decodes to tell
-        crc = zlib.crc32(payload)
+        crc = payload_checksum(payload)
         del payload
     flags = FLAG_PROGRESSIVE if progressive else 0
     HEADER.pack_into(buf, 0, RECORD_MAGIC, RECORD_VERSION, ENC_JPEG, flags, label, w, h, w, h, crc, size, len(path_b), 0)
