@@ -136,13 +136,17 @@ class RankSampler(Sampler[int]):
         self._set_epoch(epoch)
 
     def __iter__(self) -> Iterator[int]:
+        """This rank's indices of the loader's epoch (of a resumed epoch: the ones still to read)."""
         self._bind()
-        order = self._plan.order(self._get_epoch())
-        return iter(order[self._plan.rank_positions()].tolist())
+        return iter(self._plan.rank_indices(self._get_epoch()).tolist())
 
     def __len__(self) -> int:
         self._bind()
-        return self._plan.per_rank
+        plan = self._plan
+        epoch = self._get_epoch()
+        if plan.resumed is not None and plan.resumed[0] == epoch:
+            return len(plan.rank_indices(epoch))
+        return plan.per_rank
 
 
 class LoaderBatchSampler(BatchSampler):
@@ -183,8 +187,18 @@ class SamplerPlan:
         self.max_batch = getattr(batch_sampler, "batch_size", None)
         if not isinstance(self.max_batch, int) or self.max_batch < 1:
             self.max_batch = max((len(b) for b in batch_sampler), default=1)
+        self.resumed = None  # EpochSampler's attribute; a user's sampler is never re-shared
+        self.stateful = stateful_sampler(batch_sampler)
+        self.replayable = replayable_sampler(batch_sampler)
+        self.epoch_start_state: tuple[int, Any] | None = None  # (epoch, the sampler's state before it)
+        self.pending_state: tuple[int, Any] | None = None  # restore before iterating this epoch
 
     def __len__(self) -> int:
+        return self._len
+
+    def num_batches(self, epoch: int, consumed: Any = None) -> int:
+        """Batches of every epoch (the sampler's ``len``)."""
+        del epoch, consumed
         return self._len
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
@@ -193,7 +207,14 @@ class SamplerPlan:
         The whole epoch is planned here, in the caller's thread, so a bad index is a
         :class:`ConfigError` from ``iter(loader)``, not a failure in the background.
         """
-        del epoch  # the sampler's own epoch (set_epoch) decides its order
+        # the sampler's own epoch (set_epoch) decides its order; a sampler with state is put back
+        # where it stood at the start of a resumed epoch, and its state there is kept for state_dict
+        src = self.stateful
+        if src is not None:
+            pending, self.pending_state = self.pending_state, None
+            if pending is not None and pending[0] == epoch and pending[1] is not None:
+                src.load_state_dict(pending[1])
+            self.epoch_start_state = (epoch, src.state_dict())
         pos = 0
         plans = []
         for number, batch in enumerate(self.batch_sampler):
@@ -209,6 +230,31 @@ class SamplerPlan:
             if number >= start:
                 plans.append(Batch(number, idx, positions))
         return iter(plans)
+
+
+def _has_state(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def stateful_sampler(batch_sampler: Any) -> Any:
+    """The object whose ``state_dict``/``load_state_dict`` resume a user's order: the batch sampler
+    if it has them, else its ``.sampler`` if that has them; None if neither does."""
+    if _has_state(batch_sampler):
+        return batch_sampler
+    inner = getattr(batch_sampler, "sampler", None)
+    return inner if _has_state(inner) else None
+
+
+def replayable_sampler(batch_sampler: Any) -> bool:
+    """True where iterating the batch sampler again gives the same batches: torch's ``BatchSampler``
+    over a list of indices, a ``SequentialSampler`` or a ``DistributedSampler`` (whose order is a
+    function of its settings and ``set_epoch``). Not a ``RandomSampler``: it draws a new order."""
+    from torch.utils.data import DistributedSampler, SequentialSampler
+
+    if type(batch_sampler) is not BatchSampler:
+        return False
+    inner = batch_sampler.sampler
+    return isinstance(inner, (list, tuple, range)) or type(inner) in (SequentialSampler, DistributedSampler)
 
 
 def user_batch_sampler(
@@ -237,5 +283,5 @@ def user_batch_sampler(
 
 __all__ = [
     "IGNORED_DEFAULTS", "note_ignored", "check_collate_fn", "RankSampler", "LoaderBatchSampler",
-    "SamplerPlan", "user_batch_sampler",
+    "SamplerPlan", "user_batch_sampler", "stateful_sampler", "replayable_sampler",
 ]  # fmt: skip

@@ -41,7 +41,7 @@ from .host import finish_crops
 from .errors import ConfigError, FastloadError, FormatError, LoaderError
 from .pipeline import GraphSpec, build_pipeline, import_dali
 from .reader import Dataset, ReadAhead
-from .sampler import Batch, EpochSampler
+from .sampler import ORDERS, Batch, EpochSampler, block_size_for, check_intervals, interval_mask
 from .views import LoaderDataset
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the state describes the epoch (consumed positions), not one rank
 _END = object()
 
 # Every live loader's core, closed by an exit hook registered right after DALI is imported:
@@ -275,6 +275,12 @@ class FastLoader:
         pad: without ``drop_last``, pad ranks to equal shares like ``DistributedSampler``
             (default); False gives every sample to exactly one rank (exact evaluation; ranks
             may then differ by one batch).
+        order: with ``shuffle``, ``"global"`` (a permutation of all samples each epoch) or
+            ``"block"``: the block-shuffled order of :func:`fastload.sampler.block_order`, for
+            datasets larger than memory (``docs/loader.md``, "Order").
+        block_size: with ``order="block"``, samples per run (default: runs of about 8 MiB of
+            records, :func:`fastload.sampler.block_size_for`).
+        window: with ``order="block"``, runs shuffled together (default 16).
         hw_decoder_load: share of JPEGs sent to the GPU's hardware decoder (DALI's default if None).
         check: verify each record's CRC-32 before decoding (reports altered bytes with the sample).
         target_transform: applied to every label once (a torchvision dataset's own is used by default).
@@ -320,6 +326,9 @@ class FastLoader:
         rank: int | None = None,
         world_size: int | None = None,
         pad: bool = True,
+        order: str = "global",
+        block_size: int | None = None,
+        window: int | None = None,
         hw_decoder_load: float | None = None,
         check: bool = True,
         target_transform: Any = None,
@@ -401,6 +410,16 @@ class FastLoader:
         user_batches = user_batch_sampler(
             sampler=sampler, batch_sampler=batch_sampler, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last
         )
+        if not isinstance(order, str) or order not in ORDERS:
+            raise ConfigError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
+        if order != "block" and (block_size is not None or window is not None):
+            raise ConfigError(f"block_size and window apply only with order='block', got order={order!r}")
+        if order != "global" and user_batches is not None:
+            raise ConfigError(f"order={order!r} is FastLoader's own order: it excludes sampler and batch_sampler")
+        if block_size is not None:
+            block_size = _as_int("block_size", block_size, lo=1, hint=" (samples per run) or None")
+        if order == "block":
+            window = 16 if window is None else _as_int("window", window, lo=1, hint=" (runs shuffled together) or None")
         self.device = _resolve_device(device)
         self.rank, self.world_size = _dist_defaults(rank, world_size)
         import_dali()  # DependencyError with an install hint, before any work
@@ -415,6 +434,9 @@ class FastLoader:
                 f"world_size={self.world_size} is larger than the dataset ({len(packed)} samples in "
                 f"{str(packed.path)!r}): every rank needs at least one sample of its own"
             )
+        if order == "block" and block_size is None:  # runs of about 8 MiB of records
+            block_size = block_size_for(sum(sh.bytes for sh in packed.manifest.shards) / len(packed))
+        self.order, self.block_size, self.window = order, block_size, window
         labels = packed.labels
         if target_transform is None:
             target_transform = source.target_transform
@@ -454,7 +476,8 @@ class FastLoader:
             "train": self.train, "crop": crop, "scale": scale_t, "ratio": ratio_t, "flip": flip_f, "resize": resize,
             "mean": mean_t, "std": std_t, "dtype": dtype, "channels_last": self.channels_last,
             "device": None if device is None else str(self.device), "num_threads": num_threads, "prefetch": prefetch,
-            "seed": seed, "rank": rank, "world_size": world_size, "pad": pad, "hw_decoder_load": hw_decoder_load,
+            "seed": seed, "rank": rank, "world_size": world_size, "pad": pad, "order": order, "block_size": block_size,
+            "window": window, "hw_decoder_load": hw_decoder_load,
             "check": check, "target_transform": target_transform,
         }  # fmt: skip
         self.dataset = LoaderDataset(
@@ -466,6 +489,8 @@ class FastLoader:
         self._closed = False
         self._iter_lock = threading.Lock()
         self._core = _Core(self)
+        if self.order == "block" and self.shuffle:  # ReadAhead reads each run once, sequentially
+            self._core.read_ahead.runs = self.block_size
         # Stops the thread and frees the pipeline when the loader is collected, or at exit.
         self._finalizer = weakref.finalize(self, self._core.close)
 
@@ -475,8 +500,12 @@ class FastLoader:
         if user_batches is None:
             plan: EpochSampler | SamplerPlan = EpochSampler(
                 num_samples=len(packed), batch_size=batch_size, shuffle=self.shuffle, drop_last=self.drop_last,
-                seed=self.seed, rank=self.rank, world_size=self.world_size, pad=self.pad,
+                seed=self.seed, rank=self.rank, world_size=self.world_size, pad=self.pad, order=self.order,
+                **({"block_size": self.block_size, "window": self.window} if self.order == "block" else {}),
             )  # fmt: skip
+            old = getattr(self, "_plan", None)
+            if old is not None and old.resumed is not None:  # a resumed epoch stays resumed on the new ranks
+                plan.resume(*old.resumed)
             if len(plan) == 0:
                 raise ConfigError(
                     f"batch_size={batch_size} with drop_last=True leaves no batch: this rank gets "
@@ -513,8 +542,14 @@ class FastLoader:
             )
         with self._iter_lock:
             self._core.stop()
+            if self._resume_batch and isinstance(self._plan, EpochSampler):
+                # a position restored on the old ranks becomes what it consumed, shared on the new ones
+                self._plan.resume(self._epoch, self._plan.consumed_after(self._epoch, self._resume_batch))
+                self._resume_batch = -1
             self.rank, self.world_size = rank, world_size
             self._make_plan()
+            if self._resume_batch == -1:
+                self._resume_batch = self._plan.first_batch(self._epoch)
             self._core.plan, self._core.max_batch, self._core.pipe = self._plan, self._max_batch, None
         log.debug("FastLoader: rank %d of %d from the process group", rank, world_size)
 
@@ -530,7 +565,7 @@ class FastLoader:
         return self._epoch
 
     def __len__(self) -> int:
-        """Batches this rank yields per epoch."""
+        """Batches this rank yields per epoch (an epoch resumed mid-way yields its last ones)."""
         self._bind_ranks()
         return len(self._plan)
 
@@ -539,6 +574,7 @@ class FastLoader:
         epoch = _as_int("epoch", epoch, lo=0)
         if epoch != self._epoch:  # the same epoch (DistributedSampler: a no-op) keeps a restored position
             self._resume_batch = 0
+            self._plan.resumed = None
         self._epoch = epoch
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -564,61 +600,241 @@ class FastLoader:
         with self._iter_lock:
             if (self._epoch, self._resume_batch) == (run.epoch, run.first):
                 self._epoch, self._resume_batch = run.epoch + 1, 0
+                self._plan.resumed = None
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader stands: resume with :meth:`load_state_dict` to read exactly the rest."""
+        """Where the epoch stands: JSON-safe, the same on every rank that has read as many batches.
+
+        It describes the epoch, not the rank: the epoch, what decides its order (seed, shuffle,
+        order and block parameters, dataset size) and ``consumed``, the positions of the epoch's
+        order that all ranks together have read (``[start, stop)`` intervals; ``samples_consumed``
+        is their total), assuming every rank has read ``batches_done`` batches, as it has when the
+        ranks checkpoint at the same step. :meth:`load_state_dict` resumes it on any world size and
+        batch size (``docs/loader.md``, "Resuming"); :meth:`merge_states` combines the states of
+        ranks that stand at different batches. With a ``sampler=`` of your own, ``sampler`` holds
+        that sampler's own state at the start of the epoch (as it gives it), if it has one.
+        """
         self._bind_ranks()
         run = self._core.run
         if run is not None and not run.finished:
             epoch, done = run.epoch, run.yielded
         else:
             epoch, done = self._epoch, self._resume_batch
-        return {
+        plan = self._plan
+        state: dict[str, Any] = {
             "format": "fastload.FastLoader",
             "version": STATE_VERSION,
             "epoch": epoch,
             "batches_done": done,
+            "consumed": [],
+            "resumed_from": [],
+            "samples_consumed": None,
             "seed": self.seed,
             "num_samples": len(self.dataset),
+            "shuffle": self.shuffle,
+            "order": "sampler" if self._user_batches is not None else self.order,
+            "block_size": self.block_size,
+            "window": self.window,
             "batch_size": self.batch_size,
             "world_size": self.world_size,
-            "rank": self.rank,
-            "shuffle": self.shuffle,
             "drop_last": self.drop_last,
+            "pad": self.pad,
+            "sampler": None,
         }
+        if isinstance(plan, EpochSampler):
+            consumed = plan.consumed_after(epoch, done)
+            before = plan.resumed[1] if plan.resumed is not None and plan.resumed[0] == epoch else []
+            state["consumed"] = consumed
+            state["resumed_from"] = [[int(a), int(b)] for a, b in before]
+            state["samples_consumed"] = sum(b - a for a, b in consumed)
+        elif plan.stateful is not None:
+            for held in (plan.epoch_start_state, plan.pending_state):
+                if held is not None and held[0] == epoch:
+                    state["sampler"] = held[1]
+                    break
+            else:  # the epoch has not started: the sampler stands at its start
+                state["sampler"] = plan.stateful.state_dict()
+        return state
+
+    @staticmethod
+    def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """One state from every rank's :meth:`state_dict`, in rank order (as
+        ``torch.distributed.all_gather_object`` returns them), for ranks that stand at different
+        batches of the same epoch: its ``consumed`` is exactly what each rank has read, so the
+        resumed epoch reads every other sample once and none of those again.
+
+        Raises:
+            ConfigError: not one version-2 state per rank of the same loader and epoch, or the
+                ranks of a loader with its own ``sampler=`` stand at different batches.
+        """
+        states = list(states)
+        if not states or not all(isinstance(s, dict) and s.get("format") == "fastload.FastLoader" for s in states):
+            raise ConfigError("merge_states needs a list of FastLoader state_dicts, one per rank in rank order")
+        first = states[0]
+        if any(s.get("version") != STATE_VERSION or isinstance(s.get("version"), bool) for s in states):
+            raise ConfigError(f"merge_states needs version-{STATE_VERSION} states")
+        missing = [k for k in _STATE_TYPES if k not in first]
+        if missing:
+            raise ConfigError(f"state lacks {', '.join(missing)}: not a complete FastLoader state_dict")
+        if len(states) != first["world_size"]:
+            raise ConfigError(f"merge_states got {len(states)} states for world_size={first['world_size']!r}: give one per rank")
+        for r, s in enumerate(states[1:], 1):
+            for k in _STATE_TYPES:
+                if k not in ("batches_done", "consumed", "samples_consumed", "sampler") and s.get(k) != first[k]:
+                    raise ConfigError(f"rank {r}'s state has {k}={s.get(k)!r:.60} but rank 0's has {first[k]!r:.60}")
+        done = [s["batches_done"] for s in states]
+        if len(set(done)) == 1:
+            return dict(first)
+        if first["order"] == "sampler":
+            raise ConfigError(
+                f"the ranks stand at batches {done} of a loader with its own sampler=: FastLoader cannot "
+                "tell which samples that sampler gave them; checkpoint all ranks at the same step"
+            )
+        consumed = FastLoader._saved_plan(first).consumed_after(first["epoch"], done, consumed=first["resumed_from"])
+        total = sum(b - a for a, b in consumed)
+        return {**first, "batches_done": 0, "consumed": consumed, "resumed_from": consumed, "samples_consumed": total}
+
+    @staticmethod
+    def _saved_plan(state: dict[str, Any]) -> EpochSampler:
+        """Rank 0's plan of the loader that saved ``state`` (FastLoader's own order)."""
+        kw = {"block_size": state["block_size"], "window": state["window"]} if state["order"] == "block" else {}
+        try:
+            return EpochSampler(
+                num_samples=state["num_samples"], batch_size=state["batch_size"], shuffle=state["shuffle"],
+                drop_last=state["drop_last"], seed=state["seed"], world_size=state["world_size"], pad=state["pad"],
+                order=state["order"], **kw,
+            )  # fmt: skip
+        except (ConfigError, TypeError) as e:
+            raise ConfigError(f"state describes no loader FastLoader can make: {e}") from None
+
+    def _upgrade_v1(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A version-1 state (one rank's batch count) as version 2: only on the same world and batch size."""
+        for k in ("world_size", "batch_size"):
+            if k in state and state[k] != getattr(self, k):
+                raise ConfigError(
+                    f"state is a version-1 state (saved by a fastload without elastic resume) with {k}={state[k]!r}, "
+                    f"but this loader has {k}={getattr(self, k)!r}: a version-1 state resumes only on the same "
+                    "world_size and batch_size; save it again with this version to change them"
+                )
+        missing = [k for k in _V1_KEYS if k not in state]
+        if missing:
+            raise ConfigError(f"state lacks {', '.join(missing)}: not a complete FastLoader state_dict")
+        epoch, done = state["epoch"], state["batches_done"]
+        plan = self._plan
+        consumed: list[list[int]] = []
+        own = isinstance(plan, EpochSampler)
+        if own and all(type(v) is int for v in (epoch, done)) and 0 <= done <= len(plan) and epoch >= 0:
+            consumed = plan.consumed_after(epoch, done, consumed=[])
+        return {
+            **{k: state[k] for k in _V1_KEYS}, "format": state["format"], "version": STATE_VERSION,
+            "consumed": consumed, "resumed_from": [], "samples_consumed": sum(b - a for a, b in consumed),
+            "order": self.order if own else "sampler", "block_size": self.block_size, "window": self.window,
+            "pad": self.pad, "sampler": None,
+        }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the next iteration yields exactly the remaining batches.
+        """Resume from :meth:`state_dict`, on this world size and batch size or others.
+
+        On the same ``world_size``, ``batch_size``, ``drop_last`` and ``pad`` the next iteration
+        yields exactly the batches an uninterrupted run would have yielded next. Otherwise the
+        samples of the epoch not yet consumed are shared among the ranks of this loader
+        (``docs/loader.md``, "Resuming"); the epochs after it are those of an uninterrupted run
+        on this world size. A version-1 state resumes only on its own world and batch size.
 
         Raises:
             ConfigError: ``state`` is not a FastLoader state, has a field of the wrong type or
-                range, or was saved by a loader with other settings.
+                range, was saved by a loader whose order differs (seed, dataset size, shuffle,
+                order, block parameters), or cannot be resumed here (a ``sampler=`` of your own
+                on another world or batch size, or mid-epoch without state of its own).
         """
         self._bind_ranks()
         if not isinstance(state, dict) or state.get("format") != "fastload.FastLoader":
             raise ConfigError(f"state is not a FastLoader state_dict: {state!r:.80}")
-        if state.get("version") != STATE_VERSION or isinstance(state.get("version"), bool):
-            raise ConfigError(f"state version {state.get('version')!r} is not supported (expected {STATE_VERSION})")
+        version = state.get("version")
+        if isinstance(version, bool) or version not in (1, STATE_VERSION):
+            raise ConfigError(f"state version {version!r} is not supported (expected {STATE_VERSION}, or 1)")
+        if version == 1:
+            state = self._upgrade_v1(state)
         missing = [k for k in _STATE_TYPES if k not in state]
         if missing:
             raise ConfigError(f"state lacks {', '.join(missing)}: not a complete FastLoader state_dict")
-        for k, kind in _STATE_TYPES.items():
+        for k, kinds in _STATE_TYPES.items():
             v = state[k]
-            if type(v) is not kind and not (kind is int and isinstance(v, int) and not isinstance(v, bool)):
-                raise ConfigError(f"state has {k}={v!r:.40} ({type(v).__name__}); expected {kind.__name__}")
-        for k in ("seed", "num_samples", "batch_size", "world_size", "shuffle", "drop_last"):
-            mine = getattr(self, k, None) if k != "num_samples" else len(self.dataset)
-            if state.get(k) != mine:
-                raise ConfigError(f"state has {k}={state.get(k)!r} but this loader has {k}={mine!r}; resume needs the same")
+            if not any(v is None if kind is None else kind is object or type(v) is kind for kind in kinds):
+                expected = " or ".join("None" if kind is None else kind.__name__ for kind in kinds)
+                raise ConfigError(f"state has {k}={v!r:.40} ({type(v).__name__}); expected {expected}")
+        mine_order = "sampler" if self._user_batches is not None else self.order
+        must_match = {"seed": self.seed, "num_samples": len(self.dataset), "shuffle": self.shuffle, "order": mine_order}
+        if mine_order == "block":
+            must_match.update(block_size=self.block_size, window=self.window)
+        for k, mine in must_match.items():
+            if state[k] != mine:
+                raise ConfigError(f"state has {k}={state[k]!r} but this loader has {k}={mine!r}; resume needs the same")
+        n = len(self.dataset)
+        try:
+            consumed = check_intervals("consumed", state["consumed"], n)
+            before = check_intervals("resumed_from", state["resumed_from"], n)
+        except ConfigError as e:
+            raise ConfigError(f"state has an invalid {e}") from None
+        if (interval_mask(before, n) & ~interval_mask(consumed, n)).any():
+            raise ConfigError("state has resumed_from outside consumed: not a FastLoader state_dict")
         epoch, done = state["epoch"], state["batches_done"]
-        if epoch < 0 or not 0 <= done <= len(self):
-            raise ConfigError(f"state has an invalid position: epoch={epoch}, batches_done={done} (0..{len(self)})")
-        if not 0 <= state["rank"] < self.world_size:
-            raise ConfigError(f"state has rank={state['rank']}, outside [0, world_size={self.world_size})")
+        if epoch < 0 or done < 0:
+            raise ConfigError(f"state has an invalid position: epoch={epoch}, batches_done={done}")
+        plan = self._plan
+        if isinstance(plan, SamplerPlan):
+            self._load_sampler_position(plan, state, epoch, done)
+            return
+        same = all(state[k] == getattr(self, k) for k in ("world_size", "batch_size", "drop_last", "pad"))
+        base, start = consumed, plan.first_batch(epoch, consumed)
+        if same:
+            total = len(plan)
+            if done > total:
+                raise ConfigError(f"state has an invalid position: epoch={epoch}, batches_done={done} (0..{total})")
+            if plan.consumed_after(epoch, done, consumed=before) == consumed.tolist():
+                # the very plan the state was saved from, at its batch
+                base, start = before, max(done, plan.first_batch(epoch, before))
+        elif done:
+            saved = len(self._saved_plan(state))
+            if done > saved:
+                raise ConfigError(f"state has an invalid position: epoch={epoch}, batches_done={done} (0..{saved})")
+            if done == saved:  # the saving ranks finished that epoch: what they left out stays out
+                base, start = np.empty((0, 2), dtype=np.int64), 0
+                epoch += 1
+        if start >= len(plan):  # nothing left of that epoch here
+            epoch, base, start = epoch + 1, np.empty((0, 2), dtype=np.int64), 0
         with self._iter_lock:
             self._core.stop()
-            if done == len(self):
+            plan.resume(epoch, base)
+            self._epoch, self._resume_batch = epoch, start
+
+    def _load_sampler_position(self, plan: SamplerPlan, state: dict[str, Any], epoch: int, done: int) -> None:
+        """load_state_dict with a user's sampler: it shards, so only its own world and batch size resume."""
+        for k in ("world_size", "batch_size"):
+            if state[k] != getattr(self, k):
+                raise ConfigError(
+                    f"state has {k}={state[k]!r} but this loader has {k}={getattr(self, k)!r}: with a sampler= "
+                    "of your own the sampler shares the epoch among the ranks, so FastLoader resumes it only on "
+                    f"the same {k} (without sampler=, FastLoader's own order resumes on any)"
+                )
+        if done > len(plan):
+            raise ConfigError(f"state has an invalid position: epoch={epoch}, batches_done={done} (0..{len(plan)})")
+        mid = 0 < done < len(plan)
+        name = type(self._user_sampler if self._user_sampler is not None else plan.batch_sampler).__name__
+        if mid and plan.stateful is None and not plan.replayable:
+            raise ConfigError(
+                f"the sampler {name} has no state_dict()/load_state_dict(), and iterating it again may give "
+                f"another order, so the rest of epoch {epoch} cannot be resumed exactly: give a sampler that "
+                "has them (or a DistributedSampler, a SequentialSampler, a list of indices), or resume "
+                "from a checkpoint taken at the end of an epoch"
+            )
+        if mid and plan.stateful is not None and state["sampler"] is None:
+            raise ConfigError(f"state has sampler=None but the sampler {name} resumes from its own state")
+        with self._iter_lock:
+            self._core.stop()
+            if done == len(plan):
                 epoch, done = epoch + 1, 0
+            plan.pending_state = (epoch, state["sampler"]) if done and plan.stateful is not None else None
             self._epoch, self._resume_batch = epoch, done
 
     def close(self) -> None:
@@ -630,7 +846,9 @@ class FastLoader:
     def __reduce__(self) -> tuple:
         """Pickle and ``copy.deepcopy`` as the arguments that make this loader plus its position;
         the copy reopens the dataset (a spawn-based launcher gets a working loader)."""
-        return (_rebuild, (self._init, self._epoch, self._resume_batch))
+        plan = self._plan
+        resumed = None if plan.resumed is None else (plan.resumed[0], plan.resumed[1].tolist())
+        return (_rebuild, (self._init, self._epoch, self._resume_batch, resumed))
 
     def __enter__(self) -> "FastLoader":
         return self
@@ -646,15 +864,22 @@ class FastLoader:
 
 
 
-_STATE_TYPES = {
-    "epoch": int, "batches_done": int, "seed": int, "num_samples": int, "batch_size": int,
-    "world_size": int, "rank": int, "shuffle": bool, "drop_last": bool,
+#: A state's fields and their types (None: may be None); ``sampler`` (any value) is required too.
+_STATE_TYPES: dict[str, tuple] = {
+    "epoch": (int,), "batches_done": (int,), "consumed": (list,), "resumed_from": (list,),
+    "samples_consumed": (int, None), "seed": (int,), "num_samples": (int,), "shuffle": (bool,), "order": (str,),
+    "block_size": (int, None), "window": (int, None), "batch_size": (int, None), "world_size": (int,),
+    "drop_last": (bool,), "pad": (bool,), "sampler": (object,),
 }  # fmt: skip
+#: The fields of a version-1 state (one rank's position), still loaded on the same world and batch size.
+_V1_KEYS = ("epoch", "batches_done", "seed", "num_samples", "batch_size", "world_size", "rank", "shuffle", "drop_last")
 
 
-def _rebuild(init: dict[str, Any], epoch: int, resume_batch: int) -> FastLoader:
+def _rebuild(init: dict[str, Any], epoch: int, resume_batch: int, resumed: tuple | None = None) -> FastLoader:
     loader = FastLoader(**init)
     loader._epoch, loader._resume_batch = epoch, resume_batch
+    if resumed is not None:
+        loader._plan.resume(*resumed)
     return loader
 
 

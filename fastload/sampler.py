@@ -15,13 +15,21 @@ one batch); only use it where ranks do not meet in a collective once per batch.
 (see :func:`block_order` and ``docs/loader.md``, "Order"): the epoch is a random order of
 runs of ``block_size`` consecutive samples, shuffled within windows of ``window`` runs, and
 each rank takes a contiguous stretch of it (the same counts, padding and cuts as above).
+
+Resuming: a resumed epoch is described by the positions of its order that all ranks
+together have consumed (sorted ``[start, stop)`` intervals, :meth:`EpochSampler.consumed_after`),
+independent of the world size that consumed them. :meth:`EpochSampler.resume` makes the
+rest of that epoch the *remainder*: the unconsumed positions, in the order's order, shared
+among this sampler's ranks by the rules above (padded from the head of the epoch's order,
+cut, or exact with ``pad=False``). A sample keeps its position in the order, so its crop
+and flip (:mod:`fastload.augment`) are the same whatever the world size.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -150,15 +158,24 @@ class EpochSampler:
         else:  # every sample once: the first num_samples % world_size ranks get one more
             self.per_rank = len(range(rank, num_samples, world_size))
             self.total = num_samples
+        self.resumed: tuple[int, np.ndarray] | None = None  # (epoch, consumed intervals) of a resumed epoch
+        self._cache: tuple[int, np.ndarray] | None = None
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank."""
+        """Batches per epoch on this rank (of an epoch read from its start)."""
         if self.drop_last:
             return self.per_rank // self.batch_size
         return -(-self.per_rank // self.batch_size)
 
-    def order(self, epoch: int) -> np.ndarray:
-        """The global order of ``epoch`` (padded or cut to ``total``), all ranks together."""
+    def base_order(self, epoch: int) -> np.ndarray:
+        """The permutation of ``range(num_samples)`` of ``epoch``, before padding or cuts.
+
+        It depends on ``(seed, epoch, shuffle, order, block_size, window)`` only, never on the
+        world size or batch size: position ``p`` of it is the same sample on any world.
+        """
+        cached = self._cache
+        if cached is not None and cached[0] == epoch:
+            return cached[1]
         n = self.num_samples
         if self.shuffle:
             rng = np.random.Generator(np.random.PCG64([self.seed & 0xFFFFFFFFFFFFFFFF, epoch]))
@@ -168,31 +185,182 @@ class EpochSampler:
                 perm = rng.permutation(n)
         else:
             perm = np.arange(n)
+        perm = np.asarray(perm, dtype=np.int64)
+        perm.setflags(write=False)
+        self._cache = (epoch, perm)
+        return perm
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The global order of ``epoch`` (padded or cut to ``total``), all ranks together."""
+        perm = self.base_order(epoch)
+        n = self.num_samples
         if self.total <= n:
             return perm[: self.total]
         reps = -(-self.total // n)
         return np.concatenate([perm] * reps)[: self.total]
 
     def rank_positions(self) -> np.ndarray:
-        """Positions in the global order that this rank reads.
+        """Positions in the global order that this rank reads (of an epoch read from its start).
 
         Every ``world_size``-th from ``rank`` (as DistributedSampler); with ``order="block"``
         a contiguous stretch of the same length, so each rank reads whole runs.
         """
+        return self._slots(self.num_samples, self.rank)
+
+    # ---------------------------------------------------------------- sharing (fresh or resumed)
+    def _slots(self, m: int, rank: int) -> np.ndarray:
+        """The slots ``rank`` reads when ``m`` samples are shared among the ranks (0..m-1 real, above: padding)."""
+        w = self.world_size
+        if self.drop_last:
+            per, total = m // w, (m // w) * w
+        elif self.pad:
+            per = -(-m // w) if m else 0
+            total = per * w
+        else:
+            per, total = len(range(rank, m, w)), m
         if self.mode == "block" and self.shuffle:
             if self.drop_last or self.pad:
-                start = self.rank * self.per_rank
-            else:  # the first num_samples % world_size ranks have one more
-                base, extra = divmod(self.num_samples, self.world_size)
-                start = self.rank * base + min(self.rank, extra)
-            return np.arange(start, start + self.per_rank)
-        return np.arange(self.rank, self.total, self.world_size)
+                start = rank * per
+            else:  # the first m % world_size ranks have one more
+                base, extra = divmod(m, w)
+                start = rank * base + min(rank, extra)
+            return np.arange(start, start + per, dtype=np.int64)
+        return np.arange(rank, total, w, dtype=np.int64)
+
+    def _count(self, samples: int) -> int:
+        if self.drop_last:
+            return samples // self.batch_size
+        return -(-samples // self.batch_size)
+
+    def _base(self, epoch: int, consumed: Any) -> np.ndarray:
+        """Consumed intervals ``[k, 2]`` of ``epoch``: ``consumed`` if given, else this sampler's resume."""
+        if consumed is not None:
+            return check_intervals("consumed", consumed, self.num_samples)
+        if self.resumed is not None and self.resumed[0] == epoch:
+            return self.resumed[1]
+        return np.empty((0, 2), dtype=np.int64)
+
+    def _remaining(self, base: np.ndarray) -> np.ndarray:
+        """Positions of the order not in ``base``, ascending."""
+        if len(base) == 0:
+            return np.arange(self.num_samples, dtype=np.int64)
+        return np.flatnonzero(~interval_mask(base, self.num_samples)).astype(np.int64)
+
+    def _layout(self, epoch: int, rank: int, base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(indices, positions)`` of everything ``rank`` reads of ``epoch`` after ``base`` was consumed."""
+        order = self.base_order(epoch)
+        rem = self._remaining(base)
+        m, n = len(rem), self.num_samples
+        slots = self._slots(m, rank)
+        real = slots < m
+        pos = np.where(real, rem[np.minimum(slots, max(m - 1, 0))] if m else 0, n + slots - m)
+        idx = np.where(real, order[pos % n] if n else pos, order[(slots - m) % n] if n else pos)
+        return idx.astype(np.int64), pos.astype(np.int64)
+
+    def resume(self, epoch: int | None, consumed: Any = None) -> None:
+        """Read ``epoch`` from now on as the remainder after ``consumed`` (intervals of positions
+        of its order); ``epoch=None`` or no interval: every epoch from its start."""
+        if epoch is None:
+            self.resumed = None
+            return
+        base = check_intervals("consumed", [] if consumed is None else consumed, self.num_samples)
+        self.resumed = (operator.index(epoch), base) if len(base) else None
+
+    def num_batches(self, epoch: int, consumed: Any = None) -> int:
+        """Batches this rank reads of ``epoch`` (its remainder, if resumed or ``consumed`` is given)."""
+        return len(self) - self.first_batch(epoch, consumed)
+
+    def first_batch(self, epoch: int, consumed: Any = None, rank: int | None = None) -> int:
+        """The number of the first batch of ``epoch`` (0, or for a resumed epoch ``len(self)`` minus
+        the batches of its remainder: the remainder's batches are numbered up to ``len(self)``, as
+        the last batches of an epoch, so a client counting the batches of the epoch ends it in time)."""
+        base = self._base(epoch, consumed)
+        if len(base) == 0:
+            return 0
+        r = self.rank if rank is None else rank
+        full = self._count(len(self._slots(self.num_samples, r)))
+        return full - self._count(len(self._slots(len(self._remaining(base)), r)))
+
+    def rank_indices(self, epoch: int) -> np.ndarray:
+        """The sample indices this rank reads of ``epoch``, in order (a resumed epoch: its remainder)."""
+        idx, _ = self._layout(epoch, self.rank, self._base(epoch, None))
+        return idx  # with drop_last, the batches are its first len(...) // batch_size * batch_size
+
+    def consumed_after(self, epoch: int, done: int | Sequence[int], consumed: Any = None) -> list[list[int]]:
+        """The positions of ``epoch``'s order consumed once the ranks have read ``done`` batches of
+        this plan (one count for every rank, or one per rank in rank order), with what was consumed
+        before it: sorted, disjoint ``[start, stop)`` intervals, JSON-safe. Padding is not counted:
+        a padded slot repeats a sample, it does not consume one."""
+        base = self._base(epoch, consumed)
+        counts = [operator.index(done)] * self.world_size if not isinstance(done, Sequence) else [operator.index(d) for d in done]
+        if len(counts) != self.world_size:
+            raise ConfigError(f"need one batch count per rank ({self.world_size}), got {len(counts)}")
+        n = self.num_samples
+        mask = interval_mask(base, n)
+        rem = self._remaining(base)
+        m = len(rem)
+        for rank, k in enumerate(counts):
+            k -= self.first_batch(epoch, base, rank=rank)  # batches of the remainder read
+            if k <= 0:
+                continue
+            slots = self._slots(m, rank)[: k * self.batch_size]
+            mask[rem[slots[slots < m]]] = True
+        return intervals_of(mask)
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
-        """This rank's batches of ``epoch``, starting at batch number ``start``."""
-        order = self.order(epoch)
-        pos = self.rank_positions()
-        idx = order[pos]
-        for b in range(start, len(self)):
-            s = slice(b * self.batch_size, (b + 1) * self.batch_size)
+        """This rank's batches of ``epoch``, starting at batch number ``start``.
+
+        A resumed epoch (:meth:`resume`) yields the batches of its remainder, numbered from
+        :meth:`first_batch` to ``len(self) - 1``.
+        """
+        base = self._base(epoch, None)
+        idx, pos = self._layout(epoch, self.rank, base)
+        first = self.first_batch(epoch, base)
+        for b in range(max(start, first), first + self._count(len(idx))):
+            s = slice((b - first) * self.batch_size, (b - first + 1) * self.batch_size)
             yield Batch(b, idx[s], pos[s])
+
+
+def interval_mask(intervals: np.ndarray, n: int) -> np.ndarray:
+    """A boolean mask of ``range(n)``, True inside the ``[start, stop)`` rows of ``intervals``."""
+    d = np.zeros(n + 1, dtype=np.int64)
+    iv = np.asarray(intervals, dtype=np.int64).reshape(-1, 2)
+    np.add.at(d, iv[:, 0], 1)
+    np.add.at(d, iv[:, 1], -1)
+    return np.cumsum(d[:n]) > 0
+
+
+def intervals_of(mask: np.ndarray) -> list[list[int]]:
+    """The True runs of a boolean mask as sorted ``[start, stop)`` pairs of Python ints."""
+    m = np.concatenate([[False], np.asarray(mask, dtype=bool), [False]])
+    edges = np.flatnonzero(m[1:] != m[:-1])
+    return [[int(a), int(b)] for a, b in zip(edges[0::2], edges[1::2])]
+
+
+def check_intervals(name: str, value: Any, n: int) -> np.ndarray:
+    """``value`` (a list of ``[start, stop)`` pairs) as an ``[k, 2]`` array, checked against ``range(n)``.
+
+    Raises:
+        ConfigError: not a list of integer pairs with ``0 <= start < stop <= n``, ascending and disjoint.
+    """
+    if isinstance(value, np.ndarray) and value.ndim == 2 and value.shape[1] == 2 and value.dtype == np.int64:
+        rows = value
+    else:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name} must be a list of [start, stop] pairs, got {value!r:.60}")
+        flat: list[int] = []
+        for pair in value:
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2 or any(
+                isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in pair
+            ):
+                raise ConfigError(f"{name} must be a list of [start, stop] integer pairs, got the item {pair!r:.60}")
+            flat += [int(pair[0]), int(pair[1])]
+        rows = np.array(flat, dtype=np.int64).reshape(-1, 2)
+    if len(rows):
+        a, b = rows[:, 0], rows[:, 1]
+        if a.min() < 0 or b.max() > n or (b <= a).any() or (a[1:] < b[:-1]).any():
+            raise ConfigError(
+                f"{name} must hold ascending, disjoint [start, stop) pairs with 0 <= start < stop <= {n}, "
+                f"got {rows.tolist()!r:.80}"
+            )
+    return rows

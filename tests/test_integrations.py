@@ -411,6 +411,157 @@ def test_resumed_loader_keeps_its_position_when_the_loop_sets_the_same_epoch(pac
     b.close()
 
 
+# ============================================================================ elastic resume (world size changes)
+
+_LIGHTNING_ELASTIC = '''
+import json, sys
+import torch
+import lightning as L
+from fastload import FastLoader, IMAGENET_MEAN, IMAGENET_STD
+from conftest import decode_batch
+
+PACKED, OUT, MODE, CKPT, DEVICES, BATCH, STEPS = sys.argv[1:8]
+DEVICES, BATCH, STEPS = int(DEVICES), int(BATCH), int(STEPS)
+
+
+class Net(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(3 * 16 * 16, 3)
+        self.seen = {}
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        ids = [i for _, i in decode_batch(x.numpy(), IMAGENET_MEAN, IMAGENET_STD)]
+        self.seen.setdefault(str(self.current_epoch), []).extend(ids)
+        return torch.nn.functional.cross_entropy(self.net(x.flatten(1)), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def on_train_end(self):
+        with open(f"{OUT}/{MODE}-rank{self.trainer.global_rank}.json", "w") as f:
+            json.dump({"seen": self.seen, "len": len(self.trainer.train_dataloader)}, f)
+
+
+class SaveAt(L.Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == STEPS:
+            trainer.save_checkpoint(CKPT)
+
+
+def run(mode=MODE):
+    kw = dict(accelerator="cpu", devices=DEVICES, strategy="ddp" if DEVICES > 1 else "auto", logger=False,
+              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+              num_sanity_val_steps=0, default_root_dir=OUT)
+    loader = FastLoader(PACKED, BATCH, device="cpu", crop=16, num_threads=1, seed=3)
+    if mode == "save":
+        L.Trainer(**kw, max_steps=STEPS, callbacks=[SaveAt()]).fit(Net(), loader)
+    else:
+        L.Trainer(**kw, max_epochs=3).fit(Net(), loader, ckpt_path=CKPT)
+
+
+if __name__ == "__main__":
+    run()
+'''
+
+
+def _lightning_elastic(tmp_path: Path, packed: Path, mode: str, devices: int, batch: int, steps: int) -> list[dict]:
+    script = tmp_path / "lightning_elastic.py"
+    script.write_text(_LIGHTNING_ELASTIC)
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    args = [str(packed), str(out), mode, str(tmp_path / "mid.ckpt"), str(devices), str(batch), str(steps)]
+    _run([sys.executable, str(script), *args], env=_env(tmp_path), timeout=420, what=f"Lightning {mode} on {devices} rank(s)")
+    return [json.loads((out / f"{mode}-rank{r}.json").read_text()) for r in range(devices)]
+
+
+def _fresh_epoch_ids(packed: Path, batch: int, world: int, epoch: int, seed: int) -> list[list[int]]:
+    out = []
+    for r in range(world):
+        with _loader(packed, batch, seed=seed, rank=r, world_size=world) as ref:
+            ref.set_epoch(epoch)
+            out.append([i for ids in _epoch_ids(ref) for i in ids])
+    return out
+
+
+def _exactly_once(*parts: list[int]) -> None:
+    """The parts together hold every sample once, plus at most one padding repeat per part."""
+    flat = [i for p in parts for i in p]
+    assert set(flat) == set(range(N)) and len(flat) - N <= len(parts)
+
+
+@pytest.mark.parametrize("saved_on", [pytest.param(2, marks=pytest.mark.slow), 1])  # about 24 s and 14 s
+def test_lightning_checkpoint_saved_on_one_world_resumes_on_the_other(packed, tmp_path, saved_on):
+    """Lightning's own checkpoint (fit_loop "combined_loader" holds rank 0's loader state) saved
+    mid-epoch 1 on 2 DDP ranks resumes on 1 device, and one saved on 1 device resumes on 2: the
+    interrupted epoch reads every sample once (padding aside), the next epoch is an uninterrupted
+    run's on the new world. The global batch stays 8 (2 x 4 or 1 x 8): Lightning counts the
+    steps already taken in the epoch and ends it at len(loader)."""
+    _lightning()
+    if saved_on == 2:
+        before = _lightning_elastic(tmp_path, packed, "save", 2, 4, steps=6 + 2)  # 6 steps per epoch, then 2
+        after = _lightning_elastic(tmp_path, packed, "resume", 1, 8, steps=0)
+    else:
+        before = _lightning_elastic(tmp_path, packed, "save", 1, 8, steps=6 + 2)
+        after = _lightning_elastic(tmp_path, packed, "resume", 2, 4, steps=0)
+    saved = torch.load(tmp_path / "mid.ckpt", weights_only=False)["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    assert [(s["epoch"], s["batches_done"], s["samples_consumed"]) for s in saved] == [(1, 2, 16)]
+    assert all(len(b["seen"]["1"]) == 16 // saved_on for b in before)
+    _exactly_once(*(b["seen"]["1"] for b in before), *(a["seen"]["1"] for a in after))
+    world = 3 - saved_on
+    assert [a["seen"]["2"] for a in after] == _fresh_epoch_ids(packed, 8 // world, world, 2, seed=3)
+
+
+def _dist_worker(tmp_path: Path, packed: Path, ranks: int, mode: str, batch: int) -> list[dict]:
+    out = tmp_path / f"out-{mode}"
+    out.mkdir()
+    worker = [str(TESTS / "dist_worker.py"), str(packed), str(out), mode, str(tmp_path / "state"), str(batch)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", *worker]
+    _run(cmd, env=_env(tmp_path), timeout=420, what=f"torchrun {mode} on {ranks} ranks")
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
+
+
+def test_torchrun_two_ranks_save_accelerate_state_and_one_process_resumes(packed, tmp_path):
+    """``torchrun --nproc_per_node=2``: accelerate's save_state stores rank 0's loader state (the
+    same on both ranks) after 2 batches of epoch 1 per rank; one process load_states it and reads
+    the 26 samples the two ranks had not read, then epoch 2 exactly as a 1-process run."""
+    accelerate = _accelerate()
+    ranks = _dist_worker(tmp_path, packed, 2, "save", 4)
+    assert ranks[0]["state"] == ranks[1]["state"] and ranks[0]["state"]["samples_consumed"] == 16
+    b = _loader(packed, 4, seed=7)
+    acc = accelerate.Accelerator(cpu=True)
+    acc.register_for_checkpointing(b)
+    acc.load_state(str(tmp_path / "state"))
+    got = {}
+    for epoch in range(b.epoch, 3):
+        b.set_epoch(epoch)
+        got[epoch] = [i for ids in _epoch_ids(b) for i in ids]
+    b.close()
+    assert sorted(got) == [1, 2] and len(got[1]) == N - 16
+    _exactly_once(ranks[0]["1"], ranks[1]["1"], got[1])
+    assert [got[2]] == _fresh_epoch_ids(packed, 4, 1, 2, seed=7)
+
+
+def test_accelerate_state_saved_by_one_process_resumes_on_two_torchrun_ranks(packed, tmp_path):
+    """The reverse: one process saves after 2 batches of 8; under torchrun 2 ranks of batch 4
+    load_state it, share the 26 samples left (13 each, 4 batches each, all_reduce per batch),
+    and read epoch 2 as an uninterrupted 2-rank run."""
+    accelerate = _accelerate()
+    a = _loader(packed, 8, seed=7)
+    acc = accelerate.Accelerator(cpu=True)
+    acc.register_for_checkpointing(a)
+    a.set_epoch(1)
+    it = iter(a)
+    first = [i for _ in range(2) for i in _ids(next(it)[0])]
+    acc.save_state(str(tmp_path / "state"))
+    a.close()
+    ranks = _dist_worker(tmp_path, packed, 2, "resume", 4)
+    assert [len(r["1"]) for r in ranks] == [13, 13]
+    _exactly_once(first, ranks[0]["1"], ranks[1]["1"])
+    assert [r["2"] for r in ranks] == _fresh_epoch_ids(packed, 4, 2, 2, seed=7)
+
+
 # ============================================================================ timm
 
 

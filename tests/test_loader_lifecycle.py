@@ -240,7 +240,8 @@ def _state(loader: FastLoader, **change):
         ({"batches_done": 10**9}, "invalid position"),
         ({"batches_done": None}, "batches_done=None"),
         ({"shuffle": "yes"}, "shuffle='yes'"),
-        ({"rank": 5}, "rank=5"),
+        ({"consumed": [[5, 2]]}, "invalid consumed"),
+        ({"resumed_from": [[0, 4]]}, "resumed_from outside consumed"),
         ({"seed": 2**70}, "seed"),
         ({"version": True}, "version"),
     ],
@@ -257,8 +258,8 @@ def test_load_state_dict_checks_every_field(packed, change, match):
 def test_load_state_dict_names_missing_fields(packed):
     loader = FastLoader(packed, 4, device="cpu", crop=16)
     s = loader.state_dict()
-    del s["batches_done"], s["rank"]
-    with pytest.raises(ConfigError, match="lacks batches_done, rank"):
+    del s["batches_done"], s["consumed"]
+    with pytest.raises(ConfigError, match="lacks batches_done, consumed"):
         loader.load_state_dict(s)
     loader.close()
 
