@@ -2,9 +2,11 @@
 
 :func:`diagnose` collects versions (Python, torch, torchvision, DALI, PIL and whether
 it is pillow-simd, lmdb, numpy), CUDA devices, whether DALI's hardware JPEG decoder
-is usable, and the core count, then derives a list of concrete fixes.
-:func:`format_report` renders it as text. Nothing here raises for a missing or broken
-package: that is exactly what the report is for.
+is usable, the core count, and the GPU memory in use (:func:`gpu_memory`: NVML or
+``torch.cuda.mem_get_info``, which see DALI's pools; "unavailable" without a GPU) beside
+what one FastLoader should add (:func:`expected_loader_memory`), then derives a list of
+concrete fixes. :func:`format_report` renders it as text. Nothing here raises for a
+missing or broken package: that is exactly what the report is for.
 """
 
 from __future__ import annotations
@@ -18,9 +20,13 @@ from typing import Any
 
 from .version import __version__
 
-__all__ = ["diagnose", "format_report", "HW_DECODER_CAPABILITIES"]
+__all__ = [
+    "diagnose", "format_report", "HW_DECODER_CAPABILITIES", "gpu_memory", "format_gpu_memory", "expected_loader_memory",
+    "UNAVAILABLE",
+]  # fmt: skip
 
 NOT_INSTALLED = "not installed"
+UNAVAILABLE = "unavailable"
 
 #: Compute capabilities of data-centre GPUs with a hardware JPEG decoder (nvJPEG's
 #: hardware back end): A100/A30 (8.0), H100/H200 (9.0), B100/B200 class (10.x).
@@ -172,6 +178,137 @@ def _driver_version() -> str | None:
             pass
 
 
+def _nvml_handle_for(pynvml: Any, index: int) -> Any:
+    """NVML's handle of CUDA device ``index`` as this process numbers it (``CUDA_VISIBLE_DEVICES``)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
+                if uuid:
+                    return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+        except Exception:
+            pass
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if visible and index < len(visible):
+        v = visible[index]
+        return pynvml.nvmlDeviceGetHandleByIndex(int(v)) if v.isdigit() else pynvml.nvmlDeviceGetHandleByUUID(v)
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def _nvml_process_bytes(pynvml: Any, handle: Any) -> int | None:
+    """GPU memory NVML charges to this process on ``handle`` (None when it cannot tell)."""
+    try:
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except Exception:
+        return None
+    for proc in procs:
+        if int(getattr(proc, "pid", -1)) == os.getpid():
+            used = getattr(proc, "usedGpuMemory", None)
+            return int(used) if isinstance(used, int) else None
+    return None  # not listed: another PID namespace (containers), or no context yet
+
+
+def gpu_memory(index: int = 0) -> dict[str, Any]:
+    """GPU memory of CUDA device ``index`` now, in bytes; never raises.
+
+    ``{"available": True, "source", "total", "used", "process"}``: ``used`` is the whole device
+    (every process), ``process`` what NVML charges to this one (None when it cannot say, e.g.
+    in a container's PID namespace). DALI allocates through its own pools, which
+    ``torch.cuda.memory_allocated`` does not see; both sources used here do. When torch has
+    initialised CUDA the figures come from ``torch.cuda.mem_get_info`` (``process`` still from
+    NVML); otherwise from NVML alone, so that asking never creates a CUDA context.
+    Without a GPU, driver or NVML: ``{"available": False, "reason"}``.
+    """
+    torch = sys.modules.get("torch")
+    nvml, nvml_reason = None, "NVML is not usable"
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        nvml = pynvml
+    except Exception as e:
+        nvml_reason = "nvidia-ml-py is not installed" if isinstance(e, ImportError) else (
+            "no NVIDIA driver (NVML library not found)" if type(e).__name__ == "NVMLError_LibraryNotFound" else f"NVML: {e}"
+        )  # fmt: skip
+    try:
+        handle = None
+        if nvml is not None:
+            try:
+                handle = _nvml_handle_for(nvml, index)
+            except Exception as e:
+                nvml_reason = f"NVML sees no device {index}: {e}"
+        try:
+            initialised = torch is not None and torch.cuda.is_initialized()
+        except Exception:
+            initialised = False
+        if initialised:
+            try:
+                free, total = torch.cuda.mem_get_info(index)
+                process = _nvml_process_bytes(nvml, handle) if handle is not None else None
+                return {"available": True, "source": "torch.cuda.mem_get_info", "total": int(total),
+                        "used": int(total - free), "process": process}  # fmt: skip
+            except Exception as e:
+                if handle is None:
+                    return {"available": False, "reason": f"torch.cuda.mem_get_info failed: {e}"}
+        if handle is None:
+            return {"available": False, "reason": nvml_reason}
+        try:
+            info = nvml.nvmlDeviceGetMemoryInfo(handle)
+        except Exception as e:
+            return {"available": False, "reason": f"NVML memory query failed: {e}"}
+        return {"available": True, "source": "nvml", "total": int(info.total), "used": int(info.used),
+                "process": _nvml_process_bytes(nvml, handle)}  # fmt: skip
+    finally:
+        if nvml is not None:
+            try:
+                nvml.nvmlShutdown()
+            except Exception:  # pragma: no cover
+                pass
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def format_gpu_memory(m: dict[str, Any]) -> str:
+    """One line for :func:`gpu_memory`'s dict: ``unavailable (why)`` or used/total/this process."""
+    if not m.get("available"):
+        return f"{UNAVAILABLE} ({m.get('reason') or 'no GPU'})"
+    text = f"{_gib(m['used'])} used of {_gib(m['total'])}"
+    if m.get("process") is not None:
+        text += f", this process {_gib(m['process'])}"
+    return text + f" ({m['source']})"
+
+
+#: The dataset :func:`expected_loader_memory` assumes: ImageNet-like stored sizes, the pack's default limits.
+_TYPICAL_STATS = {"width": {"median": 500, "max": 4000}, "height": {"median": 375, "max": 3000}}
+
+
+def expected_loader_memory(batch_size: int = 256, *, crop: int = 224, prefetch: int = 2, stats: dict | None = None) -> dict[str, Any]:
+    """What one ``FastLoader(device="cuda")`` should add, in bytes (:func:`fastload.pipeline.memory_estimate`).
+
+    For ``stats`` (a manifest's ``stats``; default ImageNet-like sizes: median 500x375, largest
+    4000x3000), float32 training batches of ``batch_size`` at ``crop``, ``prefetch`` in flight.
+    ``{"device", "pinned", "threads", "assumes"}``.
+    """
+    from .pipeline import GraphSpec, decoder_sizing, memory_estimate
+
+    st = _TYPICAL_STATS if stats is None else stats
+    spec = GraphSpec(
+        batch_size=batch_size, num_threads=os.cpu_count() or 1, device_id=0, train=True, crop=crop,
+        resize=round(crop / 0.875), mean=[0.0] * 3, std=[1.0] * 3, out_dtype="float32", channels_last=True,
+        prefetch=prefetch, hw_decoder_load=None, **decoder_sizing(st).fields(),
+    )  # fmt: skip
+    est = memory_estimate(spec)
+    w, h = st.get("width", {}), st.get("height", {})
+    est["assumes"] = (
+        f"batch {batch_size}, {crop}x{crop} float32, prefetch {prefetch}, images median "
+        f"{w.get('median', '?')}x{h.get('median', '?')}, largest {w.get('max', '?')}x{h.get('max', '?')}"
+    )
+    return est
+
+
 def _cpu_info() -> dict[str, Any]:
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     model = platform.processor() or ""
@@ -231,8 +368,10 @@ def diagnose() -> dict[str, Any]:
 
     Keys: ``fastload``, ``python``, ``platform``, ``packages`` (torch, torchvision, dali, pil,
     lmdb, numpy, psutil, nvidia-ml-py, matplotlib: each with ``version`` and ``error``),
-    ``cpu``, ``cuda``, ``driver``, ``hw_decoder`` (``usable``, ``reason``) and ``fixes``
-    (a list of strings, empty when nothing needs doing).
+    ``cpu``, ``cuda``, ``driver``, ``hw_decoder`` (``usable``, ``reason``), ``gpu_memory`` (one
+    :func:`gpu_memory` dict per CUDA device; empty without one), ``loader_gpu_memory``
+    (:func:`expected_loader_memory`, or ``"unavailable"`` without a GPU) and ``fixes`` (a list
+    of strings, empty when nothing needs doing).
     """
     packages: dict[str, dict[str, Any]] = {
         "torch": _module_version("torch", "torch"),
@@ -258,6 +397,8 @@ def diagnose() -> dict[str, Any]:
         "cuda": cuda,
         "driver": _driver_version(),
         "hw_decoder": _hw_decoder(packages["dali"], cuda),
+        "gpu_memory": [gpu_memory(dev["index"]) for dev in cuda["devices"]] if cuda["available"] else [],
+        "loader_gpu_memory": expected_loader_memory() if cuda["available"] else UNAVAILABLE,
     }
     d["fixes"] = _fixes(d)
     return d
@@ -379,6 +520,23 @@ def format_report(d: dict[str, Any]) -> str:
         rows.append(("CUDA", cuda["reason"]))
     hw = d["hw_decoder"]
     rows.append(("DALI HW decoder", ("usable: " if hw["usable"] else "not usable: ") + hw["reason"]))
+    mems = d.get("gpu_memory") or []
+    if mems:
+        for dev, m in zip(cuda["devices"], mems):
+            rows.append((f"GPU memory cuda:{dev['index']}", format_gpu_memory(m)))
+    else:
+        rows.append(("GPU memory", f"{UNAVAILABLE} ({cuda.get('reason') or 'no CUDA device'})"))
+    est = d.get("loader_gpu_memory")
+    if isinstance(est, dict):
+        rows.append(
+            (
+                "FastLoader(cuda)",
+                f"about {_gib(est['device'])} GPU and {_gib(est['pinned'])} pinned host memory "
+                f"({est['threads']} CPU threads; {est['assumes']}; see docs/gpu.md)",
+            )
+        )
+    else:
+        rows.append(("FastLoader(cuda)", f"GPU memory {UNAVAILABLE}: no CUDA device"))
     width = max(len(k) for k, _ in rows)
     lines = ["fastload doctor", ""] + [f"  {k.ljust(width)}  {v}" for k, v in rows] + [""]
     if d["fixes"]:

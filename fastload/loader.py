@@ -39,7 +39,7 @@ from .augment import eval_params, train_params
 from .dlcompat import LoaderBatchSampler, RankSampler, SamplerPlan, check_collate_fn, note_ignored, user_batch_sampler
 from .host import finish_crops
 from .errors import ConfigError, FastloadError, FormatError, LoaderError
-from .pipeline import GraphSpec, build_pipeline, import_dali
+from .pipeline import GraphSpec, build_pipeline, decoder_sizing, import_dali
 from .reader import Dataset, ReadAhead
 from .sampler import ORDERS, Batch, EpochSampler, block_size_for, check_intervals, interval_mask
 from .views import LoaderDataset
@@ -976,6 +976,8 @@ class _Core:
             prefetch=self.prefetch,
             hw_decoder_load=self.hw_decoder_load,
             host_finish=self.host_finish,
+            # the mixed decoder's buffers, sized from the dataset's recorded image sizes
+            **decoder_sizing(self.dataset.manifest.stats, max_pixels=self.dataset.manifest.max_pixels).fields(),
         )
         try:
             return build_pipeline(spec, self.source)

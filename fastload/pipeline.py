@@ -9,20 +9,44 @@ On the CPU, training graphs stop after the ROI decode (``host_finish``): measure
 2 cores, DALI's CPU resize costs about 0.6 ms per 224x224 crop against 0.11 ms for
 pillow-simd's SIMD resize, so the loader finishes those batches itself (see
 ``fastload.loader._host_finish``).
+
+Every decoder runs with ``adjust_orientation=False``: ``fastload pack`` stores payloads
+upright (EXIF orientation applied, the record header giving the upright size), so a payload
+that still carries an orientation tag must not be turned again, or the crop boxes computed
+from the header's size would fall outside the image. The ``mixed`` decoder also runs with
+``jpeg_fancy_upsampling=True`` so that its chroma upsampling is libjpeg-turbo's, the CPU
+decoder's (DALI's documented way to make the two agree).
+
+GPU memory is bounded: the GPU pipeline uses at most :data:`GPU_THREADS` CPU threads (nvJPEG
+keeps one device scratch buffer and two pinned host buffers *per thread*), and those buffers
+and the hardware decoder's preallocation are sized from the dataset's recorded image sizes
+(:func:`decoder_sizing`), not from a fixed ImageNet example. :func:`memory_estimate` says what
+a loader should then hold; ``docs/gpu.md`` explains the figures.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .errors import DependencyError
 
 DALI_HINT = "pip install nvidia-dali-cuda120 (see https://docs.nvidia.com/deeplearning/dali/)"
 
-# nvJPEG scratch sizes from NVIDIA's ImageNet examples: avoid reallocations in the first epochs.
-_DEVICE_PADDING = 211025920
-_HOST_PADDING = 140544512
+#: DALI's own defaults for nvJPEG's per-thread scratch buffers (``device_memory_padding``,
+#: ``host_memory_padding``): the floor of :func:`decoder_sizing`, and what a dataset without
+#: recorded sizes gets.
+DALI_DEVICE_PADDING = 16 << 20
+DALI_HOST_PADDING = 8 << 20
+#: The most CPU threads a GPU pipeline uses. With ``mixed`` decoding the CPU threads only parse
+#: headers and Huffman-decode the share of JPEGs not sent to the hardware decoder; each thread
+#: costs one device and two pinned scratch buffers, so all cores (DALI's usual advice for CPU
+#: pipelines) would multiply GPU and pinned memory by the core count for no speed.
+GPU_THREADS = 4
+#: Bytes of nvJPEG scratch per stored pixel: the DCT coefficients (int16) of three
+#: full-resolution components, the most a 4:4:4 JPEG needs; 4:2:0 needs half.
+SCRATCH_BYTES_PER_PIXEL = 6
+_MIB = 1 << 20
 
 
 def import_dali():
@@ -62,6 +86,118 @@ class GraphSpec:
     prefetch: int
     hw_decoder_load: float | None
     host_finish: bool = False  # training on CPU: return the decoded crops; the loader resizes them
+    # the mixed decoder's buffers (see decoder_sizing); ignored on the CPU
+    device_memory_padding: int = DALI_DEVICE_PADDING
+    host_memory_padding: int = DALI_HOST_PADDING
+    preallocate_width_hint: int = 0
+    preallocate_height_hint: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderSizing:
+    """The ``mixed`` decoder's buffer sizes for one dataset (the :class:`GraphSpec` fields of that name)."""
+
+    device_memory_padding: int = DALI_DEVICE_PADDING
+    host_memory_padding: int = DALI_HOST_PADDING
+    preallocate_width_hint: int = 0
+    preallocate_height_hint: int = 0
+
+    def fields(self) -> dict[str, int]:
+        """As keyword arguments of :class:`GraphSpec`."""
+        return dataclasses.asdict(self)
+
+
+def _side(stats: Mapping[str, Any], axis: str, key: str) -> int:
+    """``stats[axis][key]`` as a positive int, or 0 when absent or not a positive integer."""
+    d = stats.get(axis) if isinstance(stats, Mapping) else None
+    v = d.get(key) if isinstance(d, Mapping) else None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        return 0
+    return v
+
+
+def _round_up_mib(n: int) -> int:
+    return -(-n // _MIB) * _MIB
+
+
+def decoder_sizing(stats: Mapping[str, Any] | None, *, max_pixels: int | None = None) -> DecoderSizing:
+    """Size the ``mixed`` decoder's buffers from a dataset's recorded image sizes.
+
+    ``stats`` is the manifest's ``stats`` (:class:`fastload.store.HeaderStats` ``.to_json()``:
+    ``width``/``height`` with ``min``/``median``/``max`` of the stored images). The largest
+    image has at most ``max_width * max_height`` pixels (and at most ``max_pixels``, the pack's
+    limit): one nvJPEG scratch buffer of :data:`SCRATCH_BYTES_PER_PIXEL` bytes per such pixel
+    never has to grow, so both paddings are that, rounded up to a MiB and never below DALI's
+    defaults. The hardware decoder's preallocation hints are the median width and height: a
+    batch of typical images fits, and a larger one grows it once.
+
+    A manifest without usable sizes (an empty dataset, a hand-written manifest) gets DALI's
+    defaults and no hints. Pure: no DALI, no files.
+    """
+    st = stats if isinstance(stats, Mapping) else {}
+    w_max, h_max = _side(st, "width", "max"), _side(st, "height", "max")
+    if not (w_max and h_max):
+        return DecoderSizing()
+    pixels = w_max * h_max
+    if max_pixels is not None and max_pixels > 0:
+        pixels = min(pixels, int(max_pixels))
+    scratch = _round_up_mib(SCRATCH_BYTES_PER_PIXEL * pixels)
+    return DecoderSizing(
+        device_memory_padding=max(DALI_DEVICE_PADDING, scratch),
+        host_memory_padding=max(DALI_HOST_PADDING, scratch),
+        preallocate_width_hint=_side(st, "width", "median"),
+        preallocate_height_hint=_side(st, "height", "median"),
+    )
+
+
+def graph_threads(spec: GraphSpec) -> int:
+    """The CPU threads the pipeline runs with: ``num_threads``, at most :data:`GPU_THREADS` on a GPU."""
+    if spec.device_id is None:
+        return spec.num_threads
+    return max(1, min(spec.num_threads, GPU_THREADS))
+
+
+def memory_estimate(spec: GraphSpec, *, typical_pixels: int | None = None, hw_decoder: bool = True) -> dict[str, int]:
+    """What a GPU pipeline built from ``spec`` should hold, in bytes (zeros for a CPU pipeline).
+
+    ``device``: one nvJPEG scratch buffer per thread, the hardware decoder's preallocation
+    (``batch`` images of the hint size, 3 bytes a pixel) when ``hw_decoder``, and the pipeline's
+    ``prefetch`` output sets (decoded images of ``typical_pixels``, default the hint size,
+    resized crops, the output tensor). ``pinned``: two nvJPEG host buffers per thread.
+    An estimate of DALI's pools, which round up and keep what they allocate; ``benchmarks/
+    gpu_check.py`` measures the real figure beside it.
+    """
+    if spec.device_id is None:
+        return {"device": 0, "pinned": 0, "threads": spec.num_threads}
+    threads = graph_threads(spec)
+    hint = spec.preallocate_width_hint * spec.preallocate_height_hint
+    px = hint if typical_pixels is None else max(0, int(typical_pixels))
+    out_bytes = {"float32": 4, "float16": 2, "uint8": 1}.get(spec.out_dtype, 4)
+    crop_px = spec.crop * spec.crop
+    per_set = spec.batch_size * (3 * px + 3 * crop_px + 3 * crop_px * out_bytes)
+    device = threads * spec.device_memory_padding + spec.prefetch * per_set
+    if hw_decoder:
+        device += spec.batch_size * 3 * hint
+    return {"device": int(device), "pinned": int(2 * threads * spec.host_memory_padding), "threads": threads}
+
+
+def decoder_args(spec: GraphSpec) -> dict[str, Any]:
+    """The keyword arguments every decoder of ``spec``'s graph gets (also for a peer graph
+    built elsewhere, such as ``benchmarks/gpu_check.py``'s ``readers.file`` pipeline)."""
+    _, _, types = import_dali()
+    # payloads are stored upright: never rotate by EXIF (the crop boxes come from the header's size)
+    kw: dict[str, Any] = {"output_type": types.RGB, "adjust_orientation": False}
+    if spec.device_id is not None:
+        kw.update(
+            jpeg_fancy_upsampling=True,  # the CPU decoder's chroma upsampling
+            device_memory_padding=spec.device_memory_padding,
+            host_memory_padding=spec.host_memory_padding,
+            preallocate_width_hint=spec.preallocate_width_hint,
+            preallocate_height_hint=spec.preallocate_height_hint,
+        )
+        if spec.hw_decoder_load is not None:
+            kw["hw_decoder_load"] = spec.hw_decoder_load
+    return kw
 
 
 def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
@@ -77,17 +213,13 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
     gpu = spec.device_id is not None
     dec_device = "mixed" if gpu else "cpu"
     op_device = "gpu" if gpu else "cpu"
-    dec_kw: dict = {"output_type": types.RGB}
-    if gpu:
-        dec_kw.update(device_memory_padding=_DEVICE_PADDING, host_memory_padding=_HOST_PADDING)
-        if spec.hw_decoder_load is not None:
-            dec_kw["hw_decoder_load"] = spec.hw_decoder_load
+    dec_kw = decoder_args(spec)
     out_dtype = {"float32": types.FLOAT, "float16": types.FLOAT16, "uint8": types.UINT8}[spec.out_dtype]
     layout = "HWC" if spec.channels_last else "CHW"
 
     @dali.pipeline_def(
         batch_size=spec.batch_size,
-        num_threads=spec.num_threads,
+        num_threads=graph_threads(spec),
         device_id=spec.device_id,
         prefetch_queue_depth=spec.prefetch,
         seed=0,

@@ -8,8 +8,13 @@
 
 Per step the profiler measures the time blocked inside ``next()`` on the loader
 (*waiting*) and the time from handing a batch over to the next request (*computing*).
-When CUDA is initialised it synchronises the device before and after each wait, so
-GPU work still queued from the previous step counts as computing, not as waiting.
+When CUDA is initialised it synchronises the *current stream* (the one the training step
+queues its kernels on) before and after each wait, so GPU work still queued from the previous
+step counts as computing, not as waiting, and the copy a batch's tensors wait for on that
+stream counts as waiting. It never calls the device-wide ``torch.cuda.synchronize()``: that
+would also wait for DALI's streams and the loader's side stream, which decode and copy the
+*next* batches, and so serialise loading with training. ``sync_cuda=False`` measures CPU-side
+time only (GPU work queued by a step then shows where the loop next blocks).
 A background thread samples GPU utilisation through NVML (what ``nvidia-smi`` shows)
 and CPU utilisation through psutil (:mod:`fastload.utilization`); either is reported
 as ``"unavailable"`` when it cannot be read (no GPU, no driver, no psutil) and never
@@ -54,13 +59,14 @@ make_gpu_sampler: Callable[[], Any] = GpuSampler
 
 
 def _cuda_synchronize() -> None:
-    """``torch.cuda.synchronize()`` when torch is imported and CUDA is initialised."""
+    """Wait for the current CUDA stream (``torch.cuda.current_stream().synchronize()``) when
+    torch is imported and CUDA is initialised; never the whole device (see the module docstring)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return
     try:
         if torch.cuda.is_initialized():
-            torch.cuda.synchronize()
+            torch.cuda.current_stream().synchronize()
     except Exception:  # pragma: no cover - a broken CUDA context must not break the meter
         pass
 
@@ -501,7 +507,8 @@ def profile(
         loader: any iterable of batches; batches pass through unchanged.
         log_every: also log a progress line (and TensorBoard aggregates) every N measured steps.
         writer: a TensorBoard ``SummaryWriter`` (anything with ``add_scalar(tag, value, step)``).
-        sync_cuda: synchronise CUDA around each wait so queued GPU work is not counted as waiting.
+        sync_cuda: synchronise the current CUDA stream (not the device) around each wait, so the
+            step's queued GPU work counts as computing while the loader's streams run on.
         sample_interval: seconds between GPU/CPU utilisation samples.
         warmup: leading steps left out of the totals (worker start-up, cuDNN autotuning).
         threshold: waiting above this share of the step time is reported as input-bound.

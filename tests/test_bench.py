@@ -278,3 +278,83 @@ def test_example_train_under_torchrun_ddp(packed):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "2 steps in" in r.stdout and "(2 processes)" in r.stderr
+
+
+# ----------------------------------------------------------------------------- memory per loader
+
+
+class _HoldingLoader(FakeLoader):
+    """A FakeLoader that, on its first epoch, keeps ``anon_mb`` of heap or maps and reads a
+    ``file_mb`` file: what a loader's buffers (anonymous) and mapped shards (file-backed) do."""
+
+    def __init__(self, *, anon_mb: int = 0, file: Path | None = None) -> None:
+        super().__init__(n=4, bs=8)
+        self.anon_mb, self.file = anon_mb, file
+        self.held: list = []
+
+    def __iter__(self):
+        if not self.held:
+            import mmap
+
+            import numpy as np
+
+            if self.anon_mb:
+                self.held.append(np.ones(self.anon_mb << 20, dtype=np.uint8))  # touched pages
+            if self.file is not None:
+                with open(self.file, "rb") as f:
+                    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                sum(m[i] for i in range(0, len(m), 4096))  # fault every page in
+                self.held.append(m)
+        yield from super().__iter__()
+
+
+def test_report_gives_each_loaders_anonymous_file_backed_and_gpu_memory(packed, tmp_path):
+    _, ds = packed
+    big = tmp_path / "mapped.bin"
+    big.write_bytes(os.urandom(48 << 20))
+    specs = [
+        loader_spec("DataLoader(plain)", "DataLoader", lambda: _HoldingLoader(), num_workers=0),
+        loader_spec("FastLoader(heap)", "FastLoader", lambda: _HoldingLoader(anon_mb=96), device="cpu"),
+        loader_spec("FastLoader(mapped)", "FastLoader", lambda: _HoldingLoader(file=big), device="cpu"),
+    ]
+    out = tmp_path / "report"
+    run_bench(ds, out=out, config=_quick(train_steps=0), loaders=specs, progress=False)
+    data = json.loads((out / "report.json").read_text())
+    mem = {e["name"]: e["memory"] for e in data["loaders"]}
+    added = {n: m["added_first_repeat"] for n, m in mem.items()}
+    mb = 1 << 20
+    assert added["FastLoader(heap)"]["anon"] >= 90 * mb and added["FastLoader(heap)"]["file"] < 16 * mb
+    assert added["FastLoader(mapped)"]["file"] >= 44 * mb and added["FastLoader(mapped)"]["anon"] < 16 * mb
+    assert added["DataLoader(plain)"]["anon"] < 16 * mb and added["DataLoader(plain)"]["file"] < 16 * mb
+    # process totals after each loader: the heap loader's buffer is still held when the last one runs
+    assert mem["FastLoader(mapped)"]["after"]["anon"] >= 96 * mb
+    for m in mem.values():
+        assert m["after"]["rss"] >= m["after"]["anon"] + m["after"]["file"] - 4 * mb
+        assert m["after"]["gpu"]["available"] is False and added_gpu(m) == "unavailable"  # device="cpu"
+    md = (out / "report.md").read_text()
+    row = _md_row(md, "FastLoader(heap)", "## Memory")
+    after = mem["FastLoader(heap)"]["after"]
+    assert f"| {after['anon'] / mb:,.0f} MB | {after['file'] / mb:,.0f} MB | unavailable" in row
+    assert f"{added['FastLoader(heap)']['anon'] / mb:+,.0f} MB / " in row and row.rstrip().endswith("/ unavailable |")
+
+
+def added_gpu(m: dict):
+    return m["added_first_repeat"]["gpu"]
+
+
+def test_memory_snapshot_reads_gpu_memory_only_where_one_is_used():
+    from fastload.bench.measure import memory_added, memory_snapshot
+    from fastload.store import process_memory
+
+    snap = memory_snapshot("cpu")
+    assert set(snap) >= {"rss", "anon", "file", "gpu"} and snap["gpu"]["available"] is False
+    assert abs(snap["anon"] - process_memory()["anon"]) < 32 << 20
+    import numpy as np
+
+    keep = np.ones(64 << 20, dtype=np.uint8)
+    grown = memory_added(snap, memory_snapshot("cpu"))
+    assert grown["anon"] >= 60 << 20 and grown["gpu"] == "unavailable"
+    del keep
+    if HAS_CUDA:
+        g = memory_snapshot("cuda")["gpu"]
+        assert g["available"] and 0 < g["used"] <= g["total"]

@@ -123,3 +123,66 @@ def test_cli_doctor_exits_0(capsys):
     d = json.loads(capsys.readouterr().out)
     assert {"packages", "cuda", "cpu", "hw_decoder", "fixes"} <= set(d)
     assert isinstance(d["packages"]["pil"]["simd"], bool)
+
+
+# ----------------------------------------------------------------------------- GPU memory
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def test_gpu_memory_is_reported_or_unavailable_with_a_reason():
+    for index in (0, 99):
+        m = doctor.gpu_memory(index)  # never raises, whatever the machine
+        if m["available"]:
+            assert 0 <= m["used"] <= m["total"] and m["source"] in ("nvml", "torch.cuda.mem_get_info")
+            assert doctor.format_gpu_memory(m).endswith(f"({m['source']})")
+        else:
+            assert m["reason"] and doctor.format_gpu_memory(m) == f"unavailable ({m['reason']})"
+    if not _has_cuda():
+        assert doctor.gpu_memory(0)["available"] is False
+
+
+def test_doctor_without_a_gpu_shows_gpu_memory_unavailable(report):
+    if _has_cuda():
+        assert len(report["gpu_memory"]) == len(report["cuda"]["devices"])
+        assert isinstance(report["loader_gpu_memory"], dict)
+        return
+    assert report["gpu_memory"] == [] and report["loader_gpu_memory"] == "unavailable"
+    lines = doctor.format_report(report).splitlines()
+    row = next(line for line in lines if line.strip().startswith("GPU memory"))
+    assert row.rstrip().endswith(f"unavailable ({report['cuda']['reason']})")
+    assert any(line.strip().startswith("FastLoader(cuda)") and "unavailable" in line for line in lines)
+
+
+def test_doctor_on_a_gpu_machine_gives_each_devices_memory_and_the_loaders_expected_share(monkeypatch):
+    from fastload.pipeline import GPU_THREADS
+
+    cuda = {
+        "available": True, "reason": "", "torch_cuda": "12.4",
+        "devices": [{"index": 0, "name": "NVIDIA H200", "memory_gb": 139.8, "capability": "9.0", "hw_jpeg_decoder": True}],
+    }  # fmt: skip
+    monkeypatch.setattr(doctor, "_cuda_info", lambda: cuda)
+    d = doctor.diagnose()
+    json.dumps(d)
+    (mem,) = d["gpu_memory"]
+    est = d["loader_gpu_memory"]
+    assert est["threads"] <= GPU_THREADS and est["device"] > 0 and est["pinned"] > 0
+    text = doctor.format_report(d)
+    row = next(line for line in text.splitlines() if line.strip().startswith("GPU memory cuda:0"))
+    assert row.rstrip().endswith(doctor.format_gpu_memory(mem))
+    assert f"about {est['device'] / 2**30:.2f} GiB GPU and {est['pinned'] / 2**30:.2f} GiB pinned" in text
+
+
+def test_expected_loader_memory_is_bounded_by_the_thread_cap_not_the_cores(monkeypatch):
+    monkeypatch.setattr(doctor.os, "cpu_count", lambda: 2)
+    small_host = doctor.expected_loader_memory()
+    monkeypatch.setattr(doctor.os, "cpu_count", lambda: 192)
+    big_host = doctor.expected_loader_memory()
+    assert big_host["device"] == doctor.expected_loader_memory()["device"]
+    assert small_host["device"] <= big_host["device"] and big_host["pinned"] < 2 << 30  # not ~ cores x 134 MB x 2
+    tiny = doctor.expected_loader_memory(stats={"width": {"median": 64, "max": 80}, "height": {"median": 48, "max": 60}})
+    assert tiny["device"] < big_host["device"] and "64x48" in tiny["assumes"]

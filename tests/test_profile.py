@@ -292,3 +292,55 @@ def test_bad_arguments_name_themselves(kwargs, word):
         fastload.profile(SleepyLoader(), **kwargs)
     with pytest.raises(ConfigError, match="iterable"):
         fastload.profile(5)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- which CUDA sync
+
+
+def _count_cuda_syncs(monkeypatch, sync_cuda: bool) -> dict[str, int]:
+    """Run a profiled loop of 3 steps with torch's CUDA calls recorded (CUDA 'initialised')."""
+    import torch
+
+    calls = {"device": 0, "stream": 0}
+
+    class Stream:
+        def synchronize(self) -> None:
+            calls["stream"] += 1
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: calls.__setitem__("device", calls["device"] + 1))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: Stream())
+    prof = fastload.profile(SleepyLoader(n=3), sync_cuda=sync_cuda, sample_interval=10)
+    assert sum(1 for _ in prof) == 3
+    return calls
+
+
+def test_cuda_sync_waits_for_the_current_stream_never_the_whole_device(monkeypatch):
+    calls = _count_cuda_syncs(monkeypatch, sync_cuda=True)
+    assert calls["device"] == 0  # DALI's and the loader's streams keep working on the next batches
+    assert calls["stream"] >= 2 * 3  # before and after each of the three waits
+
+
+def test_cuda_sync_off_synchronises_nothing(monkeypatch):
+    assert _count_cuda_syncs(monkeypatch, sync_cuda=False) == {"device": 0, "stream": 0}
+
+
+@pytest.mark.gpu
+def test_profiled_step_does_not_wait_for_work_on_another_stream():
+    """A side stream busy for about a second (2e9 GPU cycles at 1-3 GHz; what the loader's copy
+    stream and DALI's are to the training loop) must not be waited for at each step: the profiled
+    loop finishes long before it."""
+    import torch
+
+    torch.cuda.init()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(2_000_000_000)
+    t0 = time.perf_counter()
+    prof = fastload.profile(SleepyLoader(n=5), sample_interval=10)
+    for _ in prof:
+        torch.ones(8, device="cuda").sum()  # the step's own GPU work, on the current stream
+    elapsed = time.perf_counter() - t0
+    still_busy = not side.query()
+    side.synchronize()
+    assert still_busy and elapsed < 0.4, f"the loop took {elapsed:.2f} s: it waited for the side stream"

@@ -6,6 +6,10 @@
 * **training** (:func:`measure_training`): a real model (:mod:`fastload.bench.models`)
   trained for ``train_steps`` steps after ``warmup``, measured with :func:`fastload.profile`:
   images/s, the share of each step spent waiting for the next batch, GPU and CPU utilisation.
+* **memory** (:func:`memory_snapshot`, :func:`memory_added`): this process's anonymous RSS and
+  file-backed resident pages apart (:func:`fastload.store.process_memory`), and the GPU
+  memory in use (:func:`fastload.doctor.gpu_memory`: NVML or ``torch.cuda.mem_get_info``,
+  which see DALI's pools), ``"unavailable"`` without a GPU.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator
 from ..errors import FastloadError
 from .config import BenchConfig
 
-__all__ = ["measure_loader", "measure_training", "warm_model", "spread"]
+__all__ = ["measure_loader", "measure_training", "warm_model", "spread", "memory_snapshot", "memory_added"]
 
 
 def _epochs(loader: Iterable[Any]) -> Iterator[Any]:
@@ -195,3 +199,41 @@ def warm_model(cfg: BenchConfig, num_classes: int, steps: int = 2) -> None:
             step(x, y)
     if str(cfg.device).startswith("cuda"):
         torch.cuda.synchronize()
+
+
+def memory_snapshot(device: str) -> dict[str, Any]:
+    """This process's memory now: ``rss``, ``anon``, ``file``, ``shmem`` (bytes) and ``gpu``.
+
+    ``anon`` is the process's own heap (decoded batches, tensors, DALI's host buffers);
+    ``file`` the resident pages of mapped files (libraries, any mapped shard), which the kernel
+    can drop at will. ``gpu`` is :func:`fastload.doctor.gpu_memory` of the benchmark's CUDA
+    device, or ``{"available": False, "reason"}`` when it runs on the CPU.
+    """
+    from ..doctor import gpu_memory
+    from ..store import process_memory
+
+    out: dict[str, Any] = dict(process_memory())
+    if str(device).startswith("cuda"):
+        import torch
+
+        out["gpu"] = gpu_memory(torch.device(device).index or 0)
+    else:
+        out["gpu"] = {"available": False, "reason": f"device {device}: no GPU in use"}
+    return out
+
+
+def _gpu_bytes(g: dict[str, Any]) -> int | None:
+    """This process's GPU bytes where NVML names them, else the device's."""
+    if not g.get("available"):
+        return None
+    return g["process"] if g.get("process") is not None else g.get("used")
+
+
+def memory_added(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What grew between two :func:`memory_snapshot` s: ``anon``, ``file`` and ``gpu`` bytes
+    (``gpu`` is ``"unavailable"`` when either snapshot has no GPU reading)."""
+    out: dict[str, Any] = {k: after.get(k, 0) - before.get(k, 0) for k in ("anon", "file")}
+    gb, ga = _gpu_bytes(before.get("gpu") or {}), _gpu_bytes(after.get("gpu") or {})
+    same_source = ((before.get("gpu") or {}).get("process") is None) == ((after.get("gpu") or {}).get("process") is None)
+    out["gpu"] = ga - gb if gb is not None and ga is not None and same_source else "unavailable"
+    return out

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_environment", "summarise", "verdict", "render_markdown", "plot", "write_report", "best_dataloader"]
+__all__ = ["add_environment", "summarise", "verdict", "render_markdown", "plot", "write_report", "best_dataloader", "gpu_text"]
 
 
 def add_environment(result: dict[str, Any]) -> None:
@@ -130,6 +130,31 @@ def _util(u: Any) -> str:
     return str(u or "-")
 
 
+_MEMORY_NOTE = (
+    "This process after each loader's loader-only repeats: anonymous RSS (its own heap: batches, tensors, "
+    "DALI's host buffers) and file-backed resident pages (libraries, mapped files; the kernel drops them "
+    "at will) apart, as `top` adds them into RES. GPU memory from NVML or `torch.cuda.mem_get_info`, which "
+    "see DALI's pools; `unavailable` without a GPU. DataLoader workers are other processes, not counted."
+)
+
+
+def _mb(v: Any, signed: bool = False) -> str:
+    if not isinstance(v, (int, float)):
+        return "-"
+    return f"{v / 2**20:{'+' if signed else ''},.0f} MB"
+
+
+def gpu_text(g: Any) -> str:
+    """GPU memory of a :func:`fastload.bench.measure.memory_snapshot`: in use (this process) or ``unavailable``."""
+    if not isinstance(g, dict) or not g.get("available"):
+        reason = g.get("reason") if isinstance(g, dict) else None
+        return "unavailable" + (f" ({reason})" if reason else "")
+    text = f"{g['used'] / 2**20:,.0f} MB of {g['total'] / 2**30:.0f} GiB"
+    if g.get("process") is not None:
+        text += f" (this process {g['process'] / 2**20:,.0f} MB)"
+    return text
+
+
 def _esc(s: str) -> str:
     return str(s).replace("|", "\\|")
 
@@ -194,6 +219,19 @@ def render_markdown(result: dict[str, Any]) -> str:
         else:
             why = "failed" if e.get("error") else "not run"
             L.append(f"| {_esc(e['name'])} | {why} | - | - | - | - | - | - | - |")
+    L += ["", "## Memory", "", _MEMORY_NOTE, "",
+          "| loader | anonymous RSS | file-backed pages | GPU memory in use | added by its first repeat (anon / file / GPU) |",
+          "|---|---:|---:|---|---|"]  # fmt: skip
+    for e in result["loaders"]:
+        mem = e.get("memory") or {}
+        after, added = mem.get("after"), mem.get("added_first_repeat")
+        if not after:
+            L.append(f"| {_esc(e['name'])} | - | - | - | - |")
+            continue
+        add = f"{_mb(added['anon'], signed=True)} / {_mb(added['file'], signed=True)} / " + (
+            _mb(added["gpu"], signed=True) if isinstance(added.get("gpu"), int) else "unavailable"
+        ) if added else "-"  # fmt: skip
+        L.append(f"| {_esc(e['name'])} | {_mb(after.get('anon'))} | {_mb(after.get('file'))} | {_esc(gpu_text(after.get('gpu')))} | {add} |")
     errors = [e for e in result["loaders"] if e.get("error")]
     if errors:
         L += ["", "## Failures", ""] + [f"- {_esc(e['name'])}: `{e['error']}`" for e in errors]

@@ -4,6 +4,10 @@
 :mod:`fastload.bench.measure` as :class:`BenchConfig` says (:mod:`fastload.bench.config`),
 shows progress, and writes the report (:mod:`fastload.bench.report`). Loader-only repeats
 are interleaved across loaders so drift in the machine's load hits all of them alike.
+Each loader's ``memory`` is this process's memory after its loader-only repeats (anonymous
+RSS and file-backed pages apart, and the GPU's) and what its first repeat added: that is
+when a loader allocates its buffers (DALI its pools). A ``DataLoader``'s workers are other
+processes, not counted here.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any, TextIO
 from ..errors import ConfigError
 from .config import BenchConfig, default_workers
 from .loaders import check_spec, default_loaders, loader_spec, resolve_images
-from .measure import measure_loader, measure_training, spread, warm_model
+from .measure import measure_loader, measure_training, memory_added, memory_snapshot, spread, warm_model
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +261,7 @@ def _run_all(specs: list[dict[str, Any]], cfg: BenchConfig, num_classes: int, pr
                     "create_s": None,
                     "loader_only": None,
                     "training": None,
+                    "memory": None,
                     "error": None,
                 }
             )
@@ -282,12 +287,18 @@ def _run_all(specs: list[dict[str, Any]], cfg: BenchConfig, num_classes: int, pr
                     prog.update(f"{tag}: loader only, repeat {r + 1}/{cfg.repeats}, batch {done}/{total}")
 
                 try:
+                    before = memory_snapshot(cfg.device) if r == 0 else None
                     lo = measure_loader(loader, one, on_batch=on_batch)
+                    after = memory_snapshot(cfg.device)
                 except KeyboardInterrupt:
                     raise
                 except Exception as e:
                     _fail(entry, e, tag, prog)
                     continue
+                if before is not None:
+                    entry["memory"] = {"added_first_repeat": memory_added(before, after)}
+                if entry["memory"] is not None:
+                    entry["memory"]["after"] = after
                 runs[k - 1] += lo["images_per_s"]["runs"]
                 if not extra[k - 1]:
                     extra[k - 1] = lo
