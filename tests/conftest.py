@@ -1,12 +1,18 @@
-"""Shared fixtures: small image folders whose pixels encode their label and index.
+"""Shared fixtures: small image folders whose pixels encode their label and index, or their position.
 
-Every generated image is a solid colour: R encodes the label, G and B the index
-within the whole folder (``index = (G // 16) + 16 * (B // 16)``), on a 16-level grid
-so that JPEG round trips, crops, flips and resizes keep them readable.
+Solid-colour images (:func:`encode_color`, ``make_folder``): R encodes the label, G and B
+the index within the whole folder (``index = (G // 16) + 16 * (B // 16)``), on a 16-level
+grid so that JPEG round trips, crops, flips and resizes keep them readable.
+
+Position images (:func:`position_pattern`, ``pixel_dataset``, ``rotated_dataset``): R is
+the x coordinate, G the y coordinate, B the label plus a one-pixel checkerboard, so a
+crop's place, size, flip and resize filter all show in its pixels (``tests/reference.py``
+computes what each should look like).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Callable
@@ -75,6 +81,109 @@ def make_folder(tmp_path: Path) -> Callable[..., Path]:
         return root
 
     return make
+
+
+# ----------------------------------------------------------------------------- position images
+
+#: B = PATTERN_BASE + PATTERN_STEP * label, then +/- PATTERN_CHECK on a one-pixel checkerboard.
+PATTERN_BASE, PATTERN_STEP, PATTERN_CHECK = 36, 60, 24
+#: Source sizes (w, h) of the position images: landscape, portrait, square, wide, odd.
+PATTERN_SIZES = [(80, 56), (56, 80), (72, 72), (96, 64), (67, 75)]
+
+
+def position_pattern(w: int, h: int, label: int, *, checker: bool = True) -> np.ndarray:
+    """An HWC uint8 image whose pixels say where they are: R = x, G = y (each 0..255 across the
+    image), B = the label's level with a +/-24 one-pixel checkerboard (``checker``).
+
+    The gradients make any shift, scale, swap of width and height or flip of a crop change
+    almost every pixel; the checkerboard is what tells resize filters apart (bilinear
+    averages it to the label's level, nearest keeps its extremes). ``label`` < 4.
+    """
+    if not 0 <= label < 4:
+        raise ValueError(f"position_pattern supports labels 0..3, got {label}")
+    yy, xx = np.mgrid[0:h, 0:w]
+    r = np.rint(xx * 255.0 / max(w - 1, 1))
+    g = np.rint(yy * 255.0 / max(h - 1, 1))
+    b = np.full((h, w), PATTERN_BASE + PATTERN_STEP * label, dtype=np.float64)
+    if checker:
+        b += np.where((xx + yy) % 2 == 0, PATTERN_CHECK, -PATTERN_CHECK)
+    return np.stack([r, g, b], axis=-1).astype(np.uint8)
+
+
+def pattern_label(image_hwc: np.ndarray) -> int:
+    """The label a position image's B channel says (its mean survives crops, flips and resizes)."""
+    b = float(np.asarray(image_hwc, dtype=np.float64)[..., 2].mean())
+    return int(round((b - PATTERN_BASE) / PATTERN_STEP))
+
+
+def save_lossless_jpeg(path: Path, image_hwc: np.ndarray, **save) -> Path:
+    """Save as a quality-100 4:4:4 baseline JPEG: stored by ``pack`` byte for byte, within +/-2 of the array."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(image_hwc).save(path, "JPEG", quality=100, subsampling=0, **save)
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class PixelData:
+    """A packed dataset of position images: its source folder, packed path, and each sample's label and size."""
+
+    src: Path
+    packed: Path
+    labels: list[int]
+    sizes: list[tuple[int, int]]
+
+
+PIXEL_CLASSES, PIXEL_PER_CLASS = 3, 8
+
+
+@pytest.fixture(scope="session")
+def pixel_dataset(tmp_path_factory) -> PixelData:
+    """24 position images (3 classes x 8, the sizes of :data:`PATTERN_SIZES` in turn), packed.
+
+    The JPEGs are quality 100 with full-resolution chroma, so ``pack`` stores them as they
+    are and every decoder reads back the same pixels (within one or two levels). Read-only:
+    tests must not change it.
+    """
+    import fastload
+
+    base = tmp_path_factory.mktemp("pixels")
+    labels, sizes = [], []
+    for label in range(PIXEL_CLASSES):
+        for j in range(PIXEL_PER_CLASS):
+            w, h = PATTERN_SIZES[(label * PIXEL_PER_CLASS + j) % len(PATTERN_SIZES)]
+            save_lossless_jpeg(base / "src" / f"class_{label}" / f"{j:02d}.jpg", position_pattern(w, h, label))
+            labels.append(label)
+            sizes.append((w, h))
+    fastload.pack(base / "src", base / "packed", workers=1, progress=False)
+    return PixelData(base / "src", base / "packed", labels, sizes)
+
+
+#: EXIF orientations of ``rotated_dataset``'s samples, in sample order (label = position in this list).
+ROTATED_ORIENTATIONS = (6, 8, 3)
+ROTATED_SOURCE_SIZE = (80, 56)  # (w, h) as stored in the file, before its EXIF rotation
+
+
+@pytest.fixture(scope="session")
+def rotated_dataset(tmp_path_factory) -> PixelData:
+    """Position images (smooth: no checkerboard) saved with EXIF orientations 6, 8 and 3, packed.
+
+    ``pack`` turns them upright and re-encodes them (quality 100 here); ``sizes`` are the
+    upright sizes. Read-only.
+    """
+    import fastload
+
+    base = tmp_path_factory.mktemp("rotated")
+    sizes = []
+    for label, orientation in enumerate(ROTATED_ORIENTATIONS):
+        w, h = ROTATED_SOURCE_SIZE
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        save_lossless_jpeg(
+            base / "src" / f"class_{label}" / "rotated.jpg", position_pattern(w, h, label, checker=False), exif=exif.tobytes()
+        )
+        sizes.append((h, w) if orientation in (5, 6, 7, 8) else (w, h))
+    fastload.pack(base / "src", base / "packed", workers=1, progress=False, quality=100)
+    return PixelData(base / "src", base / "packed", list(range(len(ROTATED_ORIENTATIONS))), sizes)
 
 
 def pytest_collection_modifyitems(config, items):

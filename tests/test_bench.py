@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -160,7 +162,9 @@ def test_cli_bench_with_the_real_loaders(packed, tmp_path, capsys):
     and the drop-in FastLoader(ImageFolder) whose one-time pack is reported apart."""
     src, ds = packed
     out = tmp_path / "cli"
+    t0 = time.perf_counter()
     rc = main(["-q", "bench", str(ds), "--quick", "--crop", "32", "--workers", "1", "--out", str(out), "--device", "cpu"])
+    wall = time.perf_counter() - t0
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     data = json.loads((out / "report.json").read_text())
@@ -169,11 +173,35 @@ def test_cli_bench_with_the_real_loaders(packed, tmp_path, capsys):
     assert [e["kind"] for e in data["loaders"]] == ["DataLoader", "DataLoader", "FastLoader", "FastLoader"]
     assert any(n.startswith("FastLoader(ImageFolder): the one-time pack of") for n in data["notes"])
     assert (out / "cache").is_dir()
+    cfg = data["config"]
+    assert (cfg["batch_size"], cfg["batches"], cfg["warmup"], cfg["repeats"], cfg["train_steps"]) == (16, 3, 1, 2, 3)
+    timed_s = 0.0
     for e in data["loaders"]:
         assert e["error"] is None, e["error"]
-        assert e["loader_only"]["images_per_s"]["median"] > 0
-        assert e["training"]["steps"] == 3 and 3 * 8 <= e["training"]["samples"] <= 3 * 16  # 24 images: 16 + 8
-        assert 0 <= e["training"]["wait_fraction"] <= 1
+        lo, tr = e["loader_only"], e["training"]
+        ips = lo["images_per_s"]
+        runs = ips["runs"]
+        assert len(runs) == 2 and all(math.isfinite(v) and v > 0 for v in runs), e["name"]
+        assert (ips["median"], ips["min"], ips["max"]) == (statistics.median(runs), min(runs), max(runs))
+        assert lo["batches_per_repeat"] == 3 and lo["warmup_batches"] == 1
+        # 24 images in batches of 16: each repeat's warm-up batch is 16, the 3 timed ones 8 + 16 + 8
+        timed_s += sum(32 / v for v in runs)
+        # training: 1 warm-up step (16 images), then 8 + 16 + 8; its numbers agree with each other
+        assert (tr["steps"], tr["warmup_steps"], tr["samples"]) == (3, 1, 32), e["name"]
+        assert tr["images_per_s"] == pytest.approx(tr["samples"] / (tr["steps"] * tr["step_ms"] / 1000), rel=1e-6)
+        assert tr["wait_ms"] + tr["compute_ms"] == pytest.approx(tr["step_ms"], rel=1e-6)
+        assert tr["wait_fraction"] == pytest.approx(tr["wait_ms"] / tr["step_ms"], rel=1e-6)
+        assert math.isfinite(tr["final_loss"]) and tr["final_loss"] > 0
+    # the timed batches took real time: all of it fits in the command's own run time
+    assert timed_s < wall
+    s = data["summary"]
+    by_kind = {k: [e for e in data["loaders"] if e["kind"] == k] for k in ("DataLoader", "FastLoader")}
+    best = max(by_kind["DataLoader"], key=lambda e: e["loader_only"]["images_per_s"]["median"])
+    fast = max(by_kind["FastLoader"], key=lambda e: e["loader_only"]["images_per_s"]["median"])
+    assert (s["best_dataloader"], s["fastloader"]) == (best["name"], fast["name"])
+    assert s["speedup_loader_only"] == pytest.approx(
+        fast["loader_only"]["images_per_s"]["median"] / best["loader_only"]["images_per_s"]["median"]
+    )
     assert data["images"] == str(src) and any("ImageFolder baseline over" in n for n in data["notes"])
     assert data["config"]["workers"] == [1] and data["config"]["model"] == "small-cnn"
     md = (out / "report.md").read_text()

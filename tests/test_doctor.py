@@ -37,7 +37,14 @@ def test_diagnose_reports_this_environment(report):
     assert pil["simd"] is (simd_version == PIL.__version__)
     text = doctor.format_report(report)
     assert ("(pillow-simd)" in text) is pil["simd"]
-    assert "What to fix:" in text or "Nothing to fix." in text
+    # the fixes section says exactly what the report's fixes are, one line each, in order
+    lines = text.splitlines()
+    if report["fixes"]:
+        assert "Nothing to fix." not in lines
+        at = lines.index("What to fix:")
+        assert lines[at + 1 : at + 1 + len(report["fixes"])] == [f"  - {f}" for f in report["fixes"]]
+    else:
+        assert "What to fix:" not in lines and lines[-1] == "Nothing to fix."
     if not torch.cuda.is_available():
         assert report["cuda"]["reason"] == "no CUDA device"
         assert report["hw_decoder"] == {"usable": False, "reason": "no CUDA device"}

@@ -275,13 +275,52 @@ def test_max_pixels_and_pil_bomb_limit(tmp_path):
         Image.MAX_IMAGE_PIXELS = before
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their permissions")
+# Root reads any file through CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH: this child gives both up
+# (capset(2) on its only thread, before any other starts) and then packs as a plain user would.
+_PACK_WITHOUT_DAC_CAPS = """
+import ctypes, json, sys
+libc = ctypes.CDLL(None, use_errno=True)
+class Header(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+class Data(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3
+if libc.capget(ctypes.byref(header), data) != 0:
+    sys.exit(f"capget failed: errno {ctypes.get_errno()}")
+keep = ~((1 << 1) | (1 << 2)) & 0xFFFFFFFF  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+for field in ("effective", "permitted", "inheritable"):
+    setattr(data[0], field, getattr(data[0], field) & keep)
+if libc.capset(ctypes.byref(header), data) != 0:
+    sys.exit(f"capset failed: errno {ctypes.get_errno()}")
+try:
+    open(sys.argv[3], "rb").close()
+    sys.exit("the locked file is still readable: the capabilities were not dropped")
+except PermissionError:
+    pass
+import fastload
+res = fastload.pack(sys.argv[1], sys.argv[2], workers=1, progress=False)
+print(json.dumps({"skipped": res.skipped, "samples": res.num_samples}))
+"""
+
+
 def test_unreadable_file_is_skipped(tmp_path):
+    """A file the packing process may not read is skipped, with the reason. Root may read any
+    file, so as root (how CI runs) the pack runs in a child that has given up that privilege."""
     write_image(tmp_path / "src" / "a" / "ok.jpg", (1, 2, 3))
     locked = write_image(tmp_path / "src" / "a" / "locked.jpg", (1, 2, 3))
     locked.chmod(0)
-    res = pack(tmp_path / "src", tmp_path / "out")
-    assert res.skipped == [{"path": str(locked), "reason": "unreadable (Permission denied)"}]
+    if os.geteuid() == 0:
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        argv = [sys.executable, "-c", _PACK_WITHOUT_DAC_CAPS, str(tmp_path / "src"), str(tmp_path / "out"), str(locked)]
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        skipped, samples = got["skipped"], got["samples"]
+    else:
+        res = pack(tmp_path / "src", tmp_path / "out")
+        skipped, samples = res.skipped, res.num_samples
+    assert skipped == [{"path": str(locked), "reason": "unreadable (Permission denied)"}]
+    assert samples == 1
 
 
 def test_all_refused_is_an_error_and_leaves_nothing(tmp_path):
