@@ -18,6 +18,9 @@ single line on stderr is enough to act on.
 
 from __future__ import annotations
 
+import operator
+from typing import Any
+
 __all__ = [
     "FastloadError",
     "ConfigError",
@@ -47,7 +50,7 @@ class FormatError(FastloadError):
 
 
 class CorruptDataError(FormatError):
-    """Stored bytes disagree with the manifest or the record header (hash, size, CRC)."""
+    """Stored bytes disagree with the manifest or the record header (hash, size, checksum)."""
 
 
 class PackError(FastloadError):
@@ -94,3 +97,23 @@ def short_message(e: BaseException) -> str:
     """The first line of an exception's message (its type name if empty), at most 200 characters."""
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return msg[:200]
+
+
+def as_int(name: str, value: Any, *, lo: int | None = None, hi: int | None = None, hint: str = "") -> int:
+    """``value`` as an int through ``operator.index`` (NumPy and 0-d tensor integers too, never a
+    bool or a float), within ``lo..hi`` when given: every integer argument is checked here.
+
+    Raises:
+        ConfigError: naming ``name``, the range (and ``hint``) and the value received, e.g.
+            ``crop must be an int in [1, 8192] (pixels), got 0``.
+    """
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        v = operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be an int{hint}, got {value!r}") from None
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]" if lo is not None else f"<= {hi}"
+        raise ConfigError(f"{name} must be an int {rng}{hint}, got {value!r}")
+    return v

@@ -38,7 +38,7 @@ import torch
 from .augment import eval_params, train_params
 from .dlcompat import LoaderBatchSampler, RankSampler, SamplerPlan, check_collate_fn, note_ignored, user_batch_sampler
 from .host import finish_crops
-from .errors import ConfigError, FastloadError, FormatError, LoaderError
+from .errors import ConfigError, FastloadError, FormatError, LoaderError, as_int
 from .pipeline import GraphSpec, build_pipeline, decoder_sizing, import_dali
 from .reader import Dataset, ReadAhead
 from .sampler import ORDERS, Batch, EpochSampler, block_size_for, check_intervals, interval_mask
@@ -81,20 +81,6 @@ def _cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - non-Linux
         return os.cpu_count() or 1
-
-
-def _as_int(name: str, value: Any, *, lo: int | None = None, hi: int | None = None, hint: str = "") -> int:
-    """``value`` as an int through ``operator.index`` (numpy and 0-d tensor integers too, never bool)."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        v = operator.index(value)
-    except TypeError:
-        raise ConfigError(f"{name} must be an int{hint}, got {value!r}") from None
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]" if lo is not None else f"<= {hi}"
-        raise ConfigError(f"{name} must be an int {rng}{hint}, got {value!r}")
-    return v
 
 
 #: The largest ``crop``/``resize`` side accepted: far above any training resolution, and
@@ -153,9 +139,9 @@ def _dist_defaults(rank: Any, world_size: Any) -> tuple[int, int]:
         return 0, 1
     if rank is None or world_size is None:
         raise ConfigError(f"give both rank and world_size or neither, got rank={rank!r}, world_size={world_size!r}")
-    ws = _as_int("world_size", world_size, lo=1)
+    ws = as_int("world_size", world_size, lo=1)
     try:
-        r = _as_int("rank", rank, lo=0, hi=ws - 1)
+        r = as_int("rank", rank, lo=0, hi=ws - 1)
     except ConfigError:
         raise ConfigError(f"rank must be an int in [0, world_size={ws}), got {rank!r}") from None
     return r, ws
@@ -342,7 +328,7 @@ class FastLoader:
             "prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers,
             "pin_memory_device": pin_memory_device, "in_order": in_order,
         }  # fmt: skip
-        self.num_workers = _as_int("num_workers", num_workers, lo=0)
+        self.num_workers = as_int("num_workers", num_workers, lo=0)
         self.pin_memory, self.timeout, self.worker_init_fn = pin_memory, timeout, worker_init_fn
         self.multiprocessing_context, self.prefetch_factor = multiprocessing_context, prefetch_factor
         self.persistent_workers, self.pin_memory_device, self.in_order = persistent_workers, pin_memory_device, in_order
@@ -369,12 +355,12 @@ class FastLoader:
         if batch_sampler is None:
             if batch_size is None:
                 raise ConfigError("batch_size=None (no batching) is not supported: FastLoader yields batches; give batch_size")
-            batch_size = _as_int("batch_size", batch_size, lo=1, hint=" (samples per batch)")
-        crop = _as_int("crop", settings["crop"], lo=1, hi=MAX_SIDE, hint=" (pixels)")
+            batch_size = as_int("batch_size", batch_size, lo=1, hint=" (samples per batch)")
+        crop = as_int("crop", settings["crop"], lo=1, hi=MAX_SIDE, hint=" (pixels)")
         resize = settings["resize"]
         if resize is None:
             resize = int(round(crop / 0.875))
-        resize = _as_int("resize", resize, lo=crop, hi=2 * MAX_SIDE, hint=f" (>= crop {crop})")
+        resize = as_int("resize", resize, lo=crop, hi=2 * MAX_SIDE, hint=f" (>= crop {crop})")
         scale = settings["scale"]
         scale_t = _check_pair("scale", scale, lo=0.0, hi=1.0)
         if scale_t[1] <= 0:
@@ -395,10 +381,10 @@ class FastLoader:
         dtype = settings["dtype"]
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise ConfigError(f"dtype must be torch.float32, torch.float16 or torch.bfloat16, got {dtype!r}")
-        prefetch = _as_int("prefetch", prefetch, lo=1, hi=64, hint=" (batches in flight)")
+        prefetch = as_int("prefetch", prefetch, lo=1, hi=64, hint=" (batches in flight)")
         if num_threads is not None:
-            num_threads = _as_int("num_threads", num_threads, lo=1, hi=MAX_THREADS, hint=" or None")
-        seed = _as_int("seed", seed)
+            num_threads = as_int("num_threads", num_threads, lo=1, hi=MAX_THREADS, hint=" or None")
+        seed = as_int("seed", seed)
         if hw_decoder_load is not None:
             try:
                 hw = float(hw_decoder_load)
@@ -417,9 +403,9 @@ class FastLoader:
         if order != "global" and user_batches is not None:
             raise ConfigError(f"order={order!r} is FastLoader's own order: it excludes sampler and batch_sampler")
         if block_size is not None:
-            block_size = _as_int("block_size", block_size, lo=1, hint=" (samples per run) or None")
+            block_size = as_int("block_size", block_size, lo=1, hint=" (samples per run) or None")
         if order == "block":
-            window = 16 if window is None else _as_int("window", window, lo=1, hint=" (runs shuffled together) or None")
+            window = 16 if window is None else as_int("window", window, lo=1, hint=" (runs shuffled together) or None")
         self.device = _resolve_device(device)
         self.rank, self.world_size = _dist_defaults(rank, world_size)
         import_dali()  # DependencyError with an install hint, before any work
@@ -571,7 +557,7 @@ class FastLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch the next iteration reads (as ``DistributedSampler.set_epoch``)."""
-        epoch = _as_int("epoch", epoch, lo=0)
+        epoch = as_int("epoch", epoch, lo=0)
         if epoch != self._epoch:  # the same epoch (DistributedSampler: a no-op) keeps a restored position
             self._resume_batch = 0
             self._plan.resumed = None

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence, Type
 
 import numpy as np
 
-from .errors import ConfigError, CorruptDataError, FormatError, printable
+from .errors import ConfigError, CorruptDataError, FormatError, as_int, printable
 from .format import (
     ENC_JPEG,
     HEADER_SIZE,
@@ -342,7 +342,6 @@ class Dataset:
         """
         idx = [self._index(i) for i in (indices.tolist() if isinstance(indices, np.ndarray) else indices)]
         firsts, files = self._firsts, self._files
-        spans: list[tuple[int, int, ShardFile]] = []
         need = 0
         errors: dict[int, FormatError] = {}
         ks = [bisect.bisect_right(firsts, i) - 1 for i in idx]
@@ -604,12 +603,12 @@ class ReadAhead:
         if not isinstance(dataset, Dataset):
             raise ConfigError(f"dataset must be a fastload.Dataset, got {type(dataset).__name__}")
         self.dataset = dataset
-        self.threads = _count("threads", threads, 1, 64)
-        self.depth = _count("depth", depth, 1, 1024)
+        self.threads = as_int("threads", threads, lo=1, hi=64)
+        self.depth = as_int("depth", depth, lo=1, hi=1024)
         if not isinstance(evict, bool):
             raise ConfigError(f"evict must be True or False, got {evict!r}")
         self.evict = evict
-        self.runs = None if runs is None else _count("runs", runs, 1, 2**62)
+        self.runs = None if runs is None else as_int("runs", runs, lo=1, hi=2**62)
         self._workers: _Workers | None = None
         self._finalizer: Any = None
         self._default = _Token()
@@ -702,18 +701,6 @@ class ReadAhead:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _count(name: str, value: Any, lo: int, hi: int) -> int:
-    if isinstance(value, bool):
-        raise ConfigError(f"{name} must be an integer in {lo}..{hi}, got {value!r}")
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise ConfigError(f"{name} must be an integer in {lo}..{hi}, got {value!r}") from None
-    if not lo <= v <= hi:
-        raise ConfigError(f"{name} must be an integer in {lo}..{hi}, got {v}")
-    return v
 
 
 __all__ = ["Dataset", "ReadAhead", "read_manifest", "claimed_samples_problem"]

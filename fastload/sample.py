@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import ConfigError, DependencyError
+from .errors import ConfigError, DependencyError, as_int
 
 __all__ = ["make_sample", "SAMPLE_MARKER", "CLASS_PHOTOS"]
 
@@ -73,14 +73,6 @@ class _Job:
 
 
 # ----------------------------------------------------------------------------- validation
-
-
-def _check_int(name: str, value, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ConfigError(f"{name} must be an integer in {lo}..{hi}, got {value!r}")
-    if not lo <= value <= hi:
-        raise ConfigError(f"{name} must be in {lo}..{hi}, got {value}")
-    return int(value)
 
 
 def _check_size(size) -> tuple[int, int]:
@@ -238,15 +230,15 @@ def make_sample(
         ConfigError: an argument is invalid or ``out`` exists and cannot be replaced.
         DependencyError: scikit-image (the source of the photos) is not installed.
     """
-    num_images = _check_int("num_images", num_images, 1, _MAX_IMAGES)
-    num_classes = _check_int("num_classes", num_classes, 1, _MAX_CLASSES)
+    num_images = as_int("num_images", num_images, lo=1, hi=_MAX_IMAGES)
+    num_classes = as_int("num_classes", num_classes, lo=1, hi=_MAX_CLASSES)
     if num_classes > num_images:
         raise ConfigError(f"num_images ({num_images}) must be at least num_classes ({num_classes}) so no class is empty")
-    seed = _check_int("seed", seed, 0, 2**63 - 1)
+    seed = as_int("seed", seed, lo=0, hi=2**63 - 1)
     size = _check_size(size)
-    quality = _check_int("quality", quality, 1, 100)
+    quality = as_int("quality", quality, lo=1, hi=100)
     if workers is not None:
-        workers = _check_int("workers", workers, 1, 256)
+        workers = as_int("workers", workers, lo=1, hi=256)
     if not isinstance(out, (str, os.PathLike)) or not str(out):
         raise ConfigError(f"out must be a directory path, got {out!r}")
     out = Path(out)

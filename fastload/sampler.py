@@ -33,7 +33,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, as_int
 
 #: The orders an epoch can have (``EpochSampler(order=...)``).
 ORDERS = ("global", "block")
@@ -68,18 +68,6 @@ def block_size_for(record_bytes: float, run_bytes: int = 8 << 20) -> int:
     """A ``block_size`` whose runs of records are about ``run_bytes`` long (8 MiB: long enough to be
     read at a disk's sequential rate), for records of ``record_bytes`` on average (at least 1)."""
     return max(1, int(run_bytes // max(1.0, float(record_bytes))))
-
-
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool):
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}") from None
-    if v < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {v}")
-    return v
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,8 +119,8 @@ class EpochSampler:
         if order not in ORDERS:
             raise ConfigError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
         self.mode = order
-        self.block_size = _positive("block_size", block_size)
-        self.window = _positive("window", window)
+        self.block_size = as_int("block_size", block_size, lo=1)
+        self.window = as_int("window", window, lo=1)
         if num_samples < 0:
             raise ConfigError(f"num_samples must be >= 0, got {num_samples}")
         if world_size < 1:

@@ -114,9 +114,9 @@ CASES = [
     (["verify", "{packed}", "--fast"], "unrecognized arguments: --fast"),
     # sample
     (["sample"], "the following arguments are required: OUT"),
-    (["sample", "{new}", "--images", "0"], "num_images must be in 1..10000000, got 0"),
+    (["sample", "{new}", "--images", "0"], "num_images must be an int in [1, 10000000], got 0"),
     (["sample", "{new}", "--images", "5", "--classes", "10"], "num_images (5) must be at least num_classes (10)"),
-    (["sample", "{new}", "--classes", "0"], "num_classes must be in 1..1000, got 0"),
+    (["sample", "{new}", "--classes", "0"], "num_classes must be an int in [1, 1000], got 0"),
     (["sample", "{new}", "--seed", "x"], "argument --seed: invalid int value: 'x'"),
     (["sample", "{afile}"], "exists and is not a directory"),
     (["sample", "{packed}"], "already exists; pass overwrite=True (--overwrite)"),
