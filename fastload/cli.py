@@ -220,6 +220,12 @@ def _add_pack(sub) -> None:
             baseline=args.baseline, max_pixels=args.max_pixels, progress=not (args.no_progress or args.quiet),
         )  # fmt: skip
         print(res.summary())
+        from .reader import read_manifest
+
+        stats = read_manifest(res.path).stats
+        advice = size_advice(stats.get("width", {}), stats.get("height", {}), repack=False)
+        if advice:
+            print(advice)
         for s in res.skipped[:20]:
             print(f"  skipped {s['path']}: {s['reason']}")
         if len(res.skipped) > 20:
@@ -242,6 +248,9 @@ def _add_inspect(sub) -> None:
 
         info = inspect(args.path)
         print(json.dumps(info, indent=1, ensure_ascii=True) if args.json else format_inspect(info))
+        advice = None if args.json else size_advice(info["width"], info["height"], repack=True)
+        if advice:
+            print(advice)
         return 0
 
     p.set_defaults(func=run)
@@ -270,6 +279,28 @@ def _add_verify(sub) -> None:
 
 
 _COMMANDS.extend([_add_pack, _add_inspect, _add_verify])
+
+#: A median stored image whose longer side is above this is far larger than training needs:
+#: ImageNet-style training decodes a crop and resizes it to 224 (from windows of about 256-512 px
+#: for most crops), so most of each decode is thrown away. On 3000x2000 photos a pack with
+#: ``--max-size 512`` loads about 10x faster on the CPU (benchmarks/results/big-images-*.md).
+BIG_IMAGE_SIDE = 1024
+
+
+def size_advice(width: dict, height: dict, *, repack: bool) -> str | None:
+    """A line suggesting ``--max-size`` when the median image is far larger than training needs, else None.
+
+    ``width`` and ``height`` are the manifest's distributions (``{"median": ...}``); the longer
+    median stands for the longer side.
+    """
+    w, h = int(width.get("median", 0) or 0), int(height.get("median", 0) or 0)
+    if max(w, h) <= BIG_IMAGE_SIDE:
+        return None
+    how = "pack the source again with --max-size 512" if repack else "pack with --max-size 512"
+    return (
+        f"note: images are a median {w}x{h}; training crops of 224 need about 256-512: "
+        f"{how} to read and decode faster"
+    )
 
 
 # ----------------------------------------------------------------------------- bench / doctor

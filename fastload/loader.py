@@ -254,7 +254,8 @@ class FastLoader:
         dtype: ``torch.float32``, ``torch.float16`` or ``torch.bfloat16`` (ignored for uint8 output).
         channels_last: return images in channels-last memory format.
         device: ``"cuda"``/``"cuda:N"`` (GPU decoding), ``"cpu"`` (DALI's CPU pipeline), None (CUDA if present).
-        num_threads: DALI CPU threads (default: this process's share of the cores).
+        num_threads: DALI CPU threads (default: this process's share of the cores; a GPU
+            pipeline uses at most :data:`fastload.pipeline.GPU_THREADS`, 4: see docs/gpu.md).
         prefetch: batches in flight ahead of the consumer.
         seed: seeds the epoch order, crops and flips (default 0, or the generator's seed).
         rank, world_size: this process's share of each epoch (default: from torch.distributed).
@@ -268,7 +269,8 @@ class FastLoader:
             records, :func:`fastload.sampler.block_size_for`).
         window: with ``order="block"``, runs shuffled together (default 16).
         hw_decoder_load: share of JPEGs sent to the GPU's hardware decoder (DALI's default if None).
-        check: verify each record's CRC-32 before decoding (reports altered bytes with the sample).
+        check: verify each record's payload checksum before decoding (XXH3, about 2 us per
+            100 KB; CRC-32 in format-1 datasets), reporting altered bytes with the sample.
         target_transform: applied to every label once (a torchvision dataset's own is used by default).
         cache_dir: where a torchvision dataset is packed (default ``$FASTLOAD_CACHE`` or
             ``~/.cache/fastload``).
@@ -899,6 +901,26 @@ class _Core:
         self.run: _EpochRun | None = None
         # the records of the next batches are asked for from a few threads, ahead of DALI (cold data)
         self.read_ahead = ReadAhead(self.dataset, threads=4, depth=max(2, self.prefetch + 2))
+        # CPU training crops far larger than the output are decoded at reduced scale from this pool
+        # (when the dataset's largest images are big enough for one). It takes DALI's decoding of
+        # those samples over, so it has as many threads as DALI's CPU decoder (which decodes 16x16
+        # placeholders for them meanwhile).
+        self.decode_pool: Any = None  # fastload.host.DecodePool
+        self.decode_pool_pid = 0
+        if self.host_finish:
+            from PIL import Image
+
+            from .host import DecodePool, REDUCED_SCALE_RATIO
+
+            # PIL's plugins imported now, not first in a background thread: their namedtuples are
+            # made with eval(), which resets CPython's note of an uncaught Ctrl-C (exit 1, not 130)
+            Image.preinit()
+            # The pool's threads start here, never in the epoch thread: a new thread may run the
+            # collector, and so this core's finaliser, before start() returns to its starter.
+            st = self.dataset.manifest.stats if isinstance(self.dataset.manifest.stats, dict) else {}
+            sides = [st.get(k, {}).get("max") if isinstance(st.get(k), dict) else None for k in ("width", "height")]
+            if all(v is None or v >= REDUCED_SCALE_RATIO * self.crop for v in sides):
+                self.decode_pool, self.decode_pool_pid = DecodePool(self.num_threads), os.getpid()
         self.closed = False
         self.lock = threading.Lock()
         _LIVE_CORES.add(self)
@@ -933,6 +955,9 @@ class _Core:
             self.closed = True
             self._stop_locked(superseded=False)
             self.read_ahead.close()
+            pool, self.decode_pool = self.decode_pool, None
+            if pool is not None:  # not waited for: the finaliser may run in one of its threads
+                pool.close()
             self.pipe = None  # DALI frees its buffers (and GPU memory) with the pipeline
             if self.stream is not None:
                 with contextlib.suppress(Exception):
@@ -978,28 +1003,26 @@ class _Core:
         if run is None:
             raise StopIteration
         batch = run.next_plan()  # raises StopIteration at the end or when stopping
-        enc: list[np.ndarray] = []
-        widths = np.empty(len(batch.indices), dtype=np.int64)
-        heights = np.empty(len(batch.indices), dtype=np.int64)
         ds = self.dataset
-        for k, i in enumerate(batch.indices):
-            try:
-                header, payload = ds.record(int(i))
-            except FormatError as e:
-                # DALI asks for batches ahead of the consumer: remember the error with its batch,
-                # feed a placeholder, and raise when this batch's turn comes (after the good ones).
-                if batch.number not in run.errors:
-                    msg, prefix = str(e), f"{ds.location(int(i))}: "
-                    reason = msg[len(prefix) :] if msg.startswith(prefix) else msg
-                    run.errors[batch.number] = LoaderError(f"{ds.where(int(i))}: {reason}")
-                enc.append(_placeholder_jpeg())
-                widths[k], heights[k] = _PLACEHOLDER_SIDE, _PLACEHOLDER_SIDE
-                continue
-            enc.append(np.frombuffer(payload, dtype=np.uint8))
-            widths[k], heights[k] = header.width, header.height
+        # The payloads are views of one buffer, reused batch after batch: DALI copies what the
+        # callback returns before it calls it again (measured faster than no_copy=True here,
+        # whose per-sample bookkeeping in DALI's Python costs more than the copy saves).
+        rb = ds.read_batch(batch.indices, buffer=run.read_buffer)
+        run.read_buffer = rb.buffer
+        enc, widths, heights = rb.payloads, rb.widths, rb.heights
+        for k in sorted(rb.errors):
+            # DALI asks for batches ahead of the consumer: remember the error with its batch,
+            # feed a placeholder, and raise when this batch's turn comes (after the good ones).
+            i = int(batch.indices[k])
+            if batch.number not in run.errors:
+                msg, prefix = str(rb.errors[k]), f"{ds.location(i)}: "
+                reason = msg[len(prefix) :] if msg.startswith(prefix) else msg
+                run.errors[batch.number] = LoaderError(f"{ds.where(i)}: {reason}")
+            enc[k] = _placeholder_jpeg()
+            widths[k], heights[k] = _PLACEHOLDER_SIDE, _PLACEHOLDER_SIDE
         if not self.train:
             sizes, corners = eval_params(widths, heights, resize=self.resize, crop=self.crop)
-            return (enc, list(sizes), list(corners))
+            return (enc, sizes, corners)
         boxes, flips = train_params(
             widths,
             heights,
@@ -1010,10 +1033,37 @@ class _Core:
             ratio=self.ratio,
             flip=self.flip,
         )
+        # The per-sample parameters go to DALI as dense [n, k] arrays (one batch, one conversion),
+        # not lists of n small arrays: DALI checks each list item in Python (about 6 us each).
+        anchors, shapes = np.ascontiguousarray(boxes[:, :2]), np.ascontiguousarray(boxes[:, 2:])
         if self.host_finish:
-            run.flips.append(flips)
-            return (enc, list(boxes[:, :2]), list(boxes[:, 2:]))
-        return (enc, list(boxes[:, :2]), list(boxes[:, 2:]), list(flips))
+            run.flips.append((flips, self._submit_reduced(enc, boxes, widths, heights, anchors, shapes, rb.errors)))
+            return (enc, anchors, shapes)
+        return (enc, anchors, shapes, flips)
+
+    def _submit_reduced(self, enc: list, boxes: np.ndarray, widths, heights, anchors, shapes, failed) -> dict[int, Any]:
+        """Send the crops to decode at reduced scale to the pool; DALI decodes a placeholder for each.
+
+        Returns position -> the future of its finished crop (:func:`fastload.host.reduced_crop`).
+        The payload is copied first: its buffer is the next batch's.
+        """
+        from .host import reduced_crop, reduced_scales
+
+        scales = reduced_scales(boxes, widths, heights, crop=self.crop)
+        scales[list(failed)] = 1  # unreadable: a placeholder already, its error raised at its turn
+        big = np.flatnonzero(scales > 1).tolist()
+        jobs: dict[int, Any] = {}
+        if not big or self.closed or self.decode_pool is None or self.decode_pool_pid != os.getpid():
+            return jobs  # no pool (closed, images too small to need one, another process): full scale
+        for k in big:
+            try:
+                jobs[k] = self.decode_pool.submit(reduced_crop, bytes(enc[k]), boxes[k].tolist(), scale=int(scales[k]), crop=self.crop)
+            except RuntimeError:  # closed by close(): DALI decodes the rest at full scale
+                break
+            enc[k] = _placeholder_jpeg()
+            anchors[k] = 0.0
+            shapes[k] = float(_PLACEHOLDER_SIDE)
+        return jobs
 
     def locate_decode_error(self, indices: Sequence[int], err: BaseException) -> LoaderError:
         """Find which sample of a failed batch does not decode, to name it in the error.
@@ -1089,7 +1139,8 @@ class _EpochRun:
         self.superseded = False  # a newer iter() of the same loader took over
         self._plan = core.read_ahead.ahead(core.plan.batches(epoch, start))
         self._inflight: collections.deque[Batch] = collections.deque()
-        self.flips: collections.deque[np.ndarray] = collections.deque()  # host_finish only
+        self.read_buffer: np.ndarray | None = None  # Dataset.read_batch's, reused by DALI's callback
+        self.flips: collections.deque[tuple[np.ndarray, dict]] = collections.deque()  # host_finish: flips, reduced-scale jobs
         self.errors: dict[int, LoaderError] = {}  # batch number -> the error to raise at its turn
         self._queue: queue.Queue = queue.Queue(maxsize=core.prefetch)
         self._stop = threading.Event()
@@ -1147,9 +1198,24 @@ class _EpochRun:
         core = self.core
         labels_np = core.labels[batch.indices]
         if core.host_finish:
+            from concurrent.futures import wait as futures_wait
+
+            flips, jobs = self.flips.popleft()
+            finished = {}
+            for k, job in jobs.items():  # reduced-scale decodes, in the pool since DALI asked for the batch
+                while not job.done():  # never blocked for good: a finaliser closing this run may hold the pool's thread
+                    if self._stop.is_set():
+                        return None  # stopping: nothing is handed on
+                    futures_wait((job,), timeout=0.05)
+                try:
+                    finished[k] = job.result()
+                except Exception as e:  # noqa: BLE001 - named with its sample, as DALI's failures are
+                    why = "PIL cannot identify it as an image" if type(e).__name__ == "UnidentifiedImageError" else str(e)
+                    where = core.dataset.where(int(batch.indices[k]))
+                    raise LoaderError(f"{where} failed to decode: {(why or type(e).__name__)[:200]}") from e
             images = finish_crops(
-                tl, self.flips.popleft(), crop=core.crop, mean=core.mean, std=core.std,
-                dtype=core.dtype, channels_last=core.channels_last,
+                tl, flips, crop=core.crop, mean=core.mean, std=core.std,
+                dtype=core.dtype, channels_last=core.channels_last, finished=finished,
             )  # fmt: skip
             return images, torch.from_numpy(labels_np), None
         dali_tensor = tl.as_tensor()
