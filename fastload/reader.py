@@ -614,15 +614,27 @@ class ReadAhead:
         self._default = _Token()
         self._requested = 0
         self._closed = False
+        # Starting and stopping the threads: an epoch thread draining its last batches, the next
+        # epoch's thread and a finaliser's close() may all get here at once.
+        self._lock, self._lock_pid = threading.Lock(), os.getpid()
 
-    def _pool(self) -> _Workers:
-        w = self._workers
-        if w is None or w.pid != os.getpid():  # none yet, or forked: the parent's threads are not here
-            w = self._workers = _Workers(self.dataset, self.threads)
-            if self._finalizer is not None:
-                self._finalizer.detach()
-            self._finalizer = weakref.finalize(self, w.stop, 0.0)
-        return w
+    def _locked(self) -> threading.Lock:
+        if self._lock_pid != os.getpid():  # forked: a thread of the parent may have held it
+            self._lock, self._lock_pid = threading.Lock(), os.getpid()
+        return self._lock
+
+    def _pool(self) -> _Workers | None:
+        """The threads (started on first use, and again after a fork); None once closed."""
+        with self._locked():
+            if self._closed:
+                return None
+            w = self._workers
+            if w is None or w.pid != os.getpid():  # none yet, or forked: the parent's threads are not here
+                w = self._workers = _Workers(self.dataset, self.threads)
+                if self._finalizer is not None:
+                    self._finalizer.detach()
+                self._finalizer = weakref.finalize(self, w.stop, 0.0)
+            return w
 
     @property
     def requested(self) -> int:
@@ -635,8 +647,10 @@ class ReadAhead:
         if idx.size == 0 or self._closed:  # closed: a batch still being handed on must not restart the threads
             return
         idx = np.sort(idx.ravel())  # by shard and by place in it, split between the threads
-        self._requested += idx.size
         pool = self._pool()
+        if pool is None:
+            return
+        self._requested += idx.size
         for part in np.array_split(idx, min(self.threads, idx.size)):
             pool.queue.put((_token or self._default, False, part))
 
@@ -662,8 +676,9 @@ class ReadAhead:
                         break
                     self.prefetch(self._new_runs(get(b), runs_seen), _token=token)
                     window.append(b)
-                if self.evict and prev is not None and not self._closed:  # the next batch asked for: the previous one was read
-                    self._pool().queue.put((None, True, np.asarray(get(prev))))
+                pool = self._pool() if self.evict and prev is not None else None
+                if pool is not None:  # the next batch asked for: the previous one was read
+                    pool.queue.put((None, True, np.asarray(get(prev))))
                 if not window:
                     return
                 prev = window.popleft()
@@ -688,13 +703,14 @@ class ReadAhead:
         Later requests are ignored: batches still being read (a finaliser may close the pool
         while an epoch's last batches are handed on) are read without read-ahead.
         """
-        self._closed = True
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            self._finalizer = None
-        if self._workers is not None:
-            self._workers.stop(5.0)
-        self._workers = None
+        with self._locked():
+            self._closed = True
+            if self._finalizer is not None:
+                self._finalizer.detach()
+                self._finalizer = None
+            workers, self._workers = self._workers, None
+        if workers is not None:
+            workers.stop(5.0)
 
     def __enter__(self) -> "ReadAhead":
         return self

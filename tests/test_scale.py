@@ -420,6 +420,51 @@ def test_read_ahead_threads_stop(small_records):
     assert not any(t.is_alive() for t in threads)
 
 
+def test_read_ahead_started_from_many_threads_while_closing_leaves_no_threads(small_records):
+    """An epoch thread draining its last batches, the next epoch's thread and a finaliser's
+    close() can reach the pool at once: no pool may be started twice (the first one's threads
+    would be orphaned) or after close()."""
+    ds = fastload.Dataset(small_records)
+
+    def readahead_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("fastload-readahead")]
+
+    assert readahead_threads() == []
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can: races show
+    try:
+        _start_and_close_from_many_threads(ds)
+    finally:
+        sys.setswitchinterval(interval)
+    deadline = time.monotonic() + 10
+    while readahead_threads() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert readahead_threads() == []
+
+
+def _start_and_close_from_many_threads(ds) -> None:
+    for _round in range(30):
+        ra = ReadAhead(ds, threads=2)
+        go = threading.Barrier(5)
+
+        def ask(ra=ra, go=go) -> None:
+            go.wait()
+            for k in range(20):
+                ra.prefetch([k, k + 1])
+
+        askers = [threading.Thread(target=ask) for _ in range(4)]
+        for t in askers:
+            t.start()
+        go.wait()
+        deadline = time.monotonic() + 5
+        while ra.requested == 0 and time.monotonic() < deadline:
+            time.sleep(0)  # close while the askers are starting the pool
+        ra.close()
+        for t in askers:
+            t.join()
+        ra.close()  # idempotent
+
+
 @pytest.mark.parametrize("kw, msg", [
     ({"threads": 0}, "threads must be an int in [1, 64], got 0"),
     ({"threads": True}, "threads must be an int, got True"),
