@@ -574,6 +574,17 @@ class ShardFile:
         off = int(self._off[j])
         return (-off if off < 0 else off), n
 
+    def _place(self, index: int) -> tuple[int, int, int]:
+        """``(length, offset, extra)`` of sample ``index``'s value, located first if need be:
+        ``extra`` bytes before ``offset`` are its overflow page's header (0 inside a leaf page)."""
+        j = index - self.first
+        n = int(self._len[j])
+        if not n:
+            self.locate(index)
+            n = int(self._len[j])
+        off = int(self._off[j])
+        return (n, -off, _PAGEHDR) if off < 0 else (n, off, 0)
+
     def value(self, index: int) -> bytes | memoryview:
         """The stored value of sample ``index`` (a header, the source path, the payload).
 
@@ -597,14 +608,7 @@ class ShardFile:
         Raises:
             CorruptDataError: as :meth:`value`.
         """
-        j = index - self.first
-        n = int(self._len[j])
-        if not n:
-            self.locate(index)
-            n = int(self._len[j])
-        off = int(self._off[j])
-        extra = _PAGEHDR if off < 0 else 0
-        off = abs(off)
+        n, off, extra = self._place(index)
         if head and n > max(head, _SPLIT_MIN):
             if not self.closed:
                 _advise(self._fd, [(off - extra, n + extra)], _WILLNEED)
@@ -709,15 +713,8 @@ class ShardFile:
         Raises:
             CorruptDataError: as :meth:`value`.
         """
-        j = index - self.first
-        n = int(self._len[j])
-        if not n:
-            self.locate(index)
-            n = int(self._len[j])
-        off = int(self._off[j])
-        extra = _PAGEHDR if off < 0 else 0
-        start = (-off if off < 0 else off) - extra
-        total = extra + n
+        n, off, extra = self._place(index)
+        start, total = off - extra, extra + n
         if self.closed:
             raise FormatError(f"{self.path}: shard file was closed (fastload.store.close_shared()); open the dataset again")
         got = nowait_read(self._fd, addr + pos, total, start)

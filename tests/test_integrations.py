@@ -214,8 +214,8 @@ _LIGHTNING_DDP = '''
 import json, sys
 import torch
 import lightning as L
-from fastload import FastLoader, IMAGENET_MEAN, IMAGENET_STD
-from conftest import decode_batch
+from fastload import FastLoader
+from lightning_support import SeenNet
 
 PACKED, OUT, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
 
@@ -224,21 +224,7 @@ def make_loader():
     return FastLoader(PACKED, 4, device="cpu", crop=16, num_threads=1, seed=3)
 
 
-class Net(L.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.net = torch.nn.Linear(3 * 16 * 16, 3)
-        self.seen = {}
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        ids = [i for _, i in decode_batch(x.numpy(), IMAGENET_MEAN, IMAGENET_STD)]
-        self.seen.setdefault(str(self.current_epoch), []).extend(ids)
-        return torch.nn.functional.cross_entropy(self.net(x.flatten(1)), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
+class Net(SeenNet):
     def on_train_end(self):
         dl = self.trainer.train_dataloader
         record = {"seen": self.seen, "rank": dl.rank, "world_size": dl.world_size, "len": len(dl)}
@@ -417,28 +403,14 @@ _LIGHTNING_ELASTIC = '''
 import json, sys
 import torch
 import lightning as L
-from fastload import FastLoader, IMAGENET_MEAN, IMAGENET_STD
-from conftest import decode_batch
+from fastload import FastLoader
+from lightning_support import SeenNet
 
 PACKED, OUT, MODE, CKPT, DEVICES, BATCH, STEPS = sys.argv[1:8]
 DEVICES, BATCH, STEPS = int(DEVICES), int(BATCH), int(STEPS)
 
 
-class Net(L.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.net = torch.nn.Linear(3 * 16 * 16, 3)
-        self.seen = {}
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        ids = [i for _, i in decode_batch(x.numpy(), IMAGENET_MEAN, IMAGENET_STD)]
-        self.seen.setdefault(str(self.current_epoch), []).extend(ids)
-        return torch.nn.functional.cross_entropy(self.net(x.flatten(1)), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
+class Net(SeenNet):
     def on_train_end(self):
         with open(f"{OUT}/{MODE}-rank{self.trainer.global_rank}.json", "w") as f:
             json.dump({"seen": self.seen, "len": len(self.trainer.train_dataloader)}, f)
