@@ -561,6 +561,15 @@ class FastLoader:
         """Choose the epoch the next iteration reads (as ``DistributedSampler.set_epoch``)."""
         epoch = as_int("epoch", epoch, lo=0)
         if epoch != self._epoch:  # the same epoch (DistributedSampler: a no-op) keeps a restored position
+            resumed = self._plan.resumed
+            if resumed is not None and resumed[0] == self._epoch:  # finishing it clears it
+                log.warning(
+                    "FastLoader: epoch %d, resumed from a checkpoint, is left before its end for epoch %d: "
+                    "the rest of its samples are not read. A training loop that counts the epoch's steps "
+                    "itself (Lightning) does this when world_size x batch_size grew since the checkpoint; "
+                    "keep it the same or smaller (docs/loader.md, Resuming).",
+                    self._epoch, epoch,
+                )  # fmt: skip
             self._resume_batch = 0
             self._plan.resumed = None
         self._epoch = epoch

@@ -435,3 +435,34 @@ def test_a_state_saved_at_the_end_of_an_epoch_resumes_at_the_next_on_any_world(t
     with _loader(textured, 4, 0, 2, drop_last=True) as c:
         with pytest.raises(ConfigError, match="invalid position"):
             c.load_state_dict({**end, "batches_done": 4})
+
+
+def test_leaving_a_resumed_epoch_before_its_end_is_logged(textured, caplog):
+    """Lightning ends a resumed epoch by its own step count: with a larger global batch it moves
+    on with samples unread. That is said (a warning), and only for a resumed epoch left early."""
+    with _loader(textured, 3, 0, 2) as a:
+        _read(a, batches=2)
+        state = a.state_dict()
+    with caplog.at_level("WARNING", logger="fastload.loader"):
+        with _loader(textured, 6, 0, 1) as b:  # one rank, a larger global batch
+            b.load_state_dict(state)
+            b.set_epoch(state["epoch"])  # the same epoch (what a sampler's set_epoch does): nothing said
+            it = iter(b)
+            next(it)
+            assert not caplog.records
+            b.set_epoch(state["epoch"] + 1)  # left early
+        assert [r.getMessage() for r in caplog.records] == [
+            f"FastLoader: epoch {state['epoch']}, resumed from a checkpoint, is left before its end for epoch "
+            f"{state['epoch'] + 1}: the rest of its samples are not read. A training loop that counts the epoch's "
+            "steps itself (Lightning) does this when world_size x batch_size grew since the checkpoint; keep it "
+            "the same or smaller (docs/loader.md, Resuming)."
+        ]
+        caplog.clear()
+        with _loader(textured, 6, 0, 1) as c:  # read to its end: nothing to say
+            c.load_state_dict(state)
+            _read(c)
+            c.set_epoch(c.epoch + 1)
+        with _loader(textured, 6, 0, 1) as d:  # an epoch that was not resumed, left early: a user's choice
+            _read(d, batches=1)
+            d.set_epoch(1)
+        assert not caplog.records
