@@ -188,7 +188,25 @@ def child_odirect(a: dict) -> dict:
     return {"bytes": total, "seconds": dt, "mb_per_s": total / dt / 1e6}
 
 
-CHILDREN = {"dataset_epoch": child_dataset_epoch, "open_first_batch": child_open_first_batch, "pread": child_pread,
+def child_loader_epoch(a: dict) -> dict:
+    """One ``FastLoader(device="cpu")`` training epoch (224x224, batch 64, defaults): images/s, bytes read, memory."""
+    import fastload
+
+    loader = fastload.FastLoader(a["path"], batch_size=64, device="cpu", shuffle=True, seed=0)
+    m0, io0 = _mem(), _proc_io()
+    t = time.perf_counter()
+    n = 0
+    for x, _y in loader:
+        n += x.shape[0]
+    dt = time.perf_counter() - t
+    m1 = _mem()
+    loader.close()
+    return {"records": n, "seconds": dt, "records_per_s": n / dt, "read_bytes": _proc_io() - io0,
+            "rss_anon_before": m0.get("RssAnon"), "rss_anon_after": m1.get("RssAnon"),
+            "rss_file_before": m0.get("RssFile"), "rss_file_after": m1.get("RssFile")}  # fmt: skip
+
+
+CHILDREN = {"dataset_epoch": child_dataset_epoch, "loader_epoch": child_loader_epoch, "open_first_batch": child_open_first_batch, "pread": child_pread,
             "odirect": child_odirect}  # fmt: skip
 
 
@@ -419,6 +437,53 @@ def write_report(res: dict, out: Path, slug: str) -> None:
     (out / f"scale-{slug}.md").write_text("\n".join(L) + "\n")
 
 
+def loader_epochs(run: Runner, data: Path, info: dict, slug: str, args) -> int:
+    """FastLoader(cpu) epochs, cold and warm, interleaved, on the 3k and 20k samples; a report of its own."""
+    out: dict = {"machine": info, "disk": disk_description(data), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                 "settings": "FastLoader(path, batch_size=64, device='cpu', shuffle=True, seed=0): 224x224 float32 training "
+                             "batches, the loader's defaults (read-ahead on, payload checksum on)", "datasets": {}}  # fmt: skip
+    sizes = [3000] if args.quick else [3000, 20000]
+    paths = {n: sample_dataset(data, n) for n in sizes}
+    for n in sizes:
+        out["datasets"][str(n)] = {"path": str(paths[n]), "cold_runs": [], "warm_runs": [], "residual_after_drop": []}
+    for rep in range(args.repeats):
+        for n in sizes:
+            d = out["datasets"][str(n)]
+            d["residual_after_drop"].append(make_cold(paths[n]))
+            d["cold_runs"].append(run.child("loader_epoch", {"path": str(paths[n])}))
+            make_warm(paths[n])
+            d["warm_runs"].append(run.child("loader_epoch", {"path": str(paths[n])}))
+            print(f"  [{rep}] {n:6d} images: cold {d['cold_runs'][-1]['records_per_s']:7,.0f}/s  "
+                  f"warm {d['warm_runs'][-1]['records_per_s']:7,.0f}/s", flush=True)  # fmt: skip
+    lines = [f"# FastLoader(cpu) epochs on a cold and a warm page cache ({slug})", "",
+             f"Machine: {info.get('cpu', '?')}; {out['disk']}. {out['settings']}. Cold: every dataset file dropped "
+             "with fsync + POSIX_FADV_DONTNEED before the process starts (bytes still resident after dropping: "
+             + ", ".join(str(max(d['residual_after_drop'])) for d in out['datasets'].values())
+             + "); warm: the files read in full first. Each epoch a fresh process; cold and warm alternated, "
+             f"{args.repeats} repeats; 1-minute load at the measurements {min(run.loads):.2f}..{max(run.loads):.2f}.", "",
+             "| images | cold images/s (median; min–max) | warm images/s (median; min–max) | cold / warm (median of per-repeat ratios) | read from disk, cold | RssFile growth, cold |",
+             "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for n, d in out["datasets"].items():
+        c = [r["records_per_s"] for r in d["cold_runs"]]
+        w = [r["records_per_s"] for r in d["warm_runs"]]
+        ratios = [a / b for a, b in zip(c, w)]
+        rb = statistics.median(r["read_bytes"] for r in d["cold_runs"]) / 1e6
+        rf = statistics.median((r["rss_file_after"] or 0) - (r["rss_file_before"] or 0) for r in d["cold_runs"]) / 2**20
+        d["cold_over_warm"] = statistics.median(ratios)
+        lines.append(f"| {int(n):,} | {statistics.median(c):,.0f} ({min(c):,.0f}–{max(c):,.0f}) | {statistics.median(w):,.0f} "
+                     f"({min(w):,.0f}–{max(w):,.0f}) | {d['cold_over_warm']:.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | "
+                     f"{rb:,.0f} MB | {rf:,.0f} MB |")  # fmt: skip
+    lines += ["", "Target: a cold epoch at >= 90 % of a warm one: "
+              + "; ".join(f"{int(n):,} images {d['cold_over_warm']:.2f} ({'met' if d['cold_over_warm'] >= 0.9 else 'MISSED'})"
+                          for n, d in out["datasets"].items()) + "."]  # fmt: skip
+    dest = Path(args.out)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / f"scale-loader-{slug}.json").write_text(json.dumps(out, indent=1) + "\n")
+    (dest / f"scale-loader-{slug}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
 def disk_description(path: Path) -> str:
     dev = os.stat(path).st_dev
     name = "?"
@@ -451,6 +516,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="cold (and warm) runs of each row, interleaved; medians reported")
     ap.add_argument("--machine")
     ap.add_argument("--report-only", metavar="JSON", help="rewrite the .md from a results .json (no measuring)")
+    ap.add_argument("--loader-only", action="store_true",
+                    help="only FastLoader(cpu) epochs, cold and warm, on the 3k and 20k samples (scale-loader-<machine>.*)")
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(CHILDREN[args.child[0]](json.loads(args.child[1]))))
@@ -468,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info(data)
     slug = args.machine or machine_slug(info)
     T, D, B = args.threads, args.depth, args.batch
+    if args.loader_only:
+        return loader_epochs(run, data, info, slug, args)
     res: dict = {"machine": info, "disk": disk_description(data), "max_load": args.max_load, "threads": T, "depth": D, "batch": B,
                  "cold_method": "fsync + posix_fadvise(POSIX_FADV_DONTNEED) of every file of the dataset, resident bytes checked "
                                 "with mincore (fincore); nothing else dropped",
