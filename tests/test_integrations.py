@@ -355,15 +355,20 @@ def test_accelerate_save_state_load_state_resumes_the_loader(packed, tmp_path):
     acc.save_state(str(tmp_path / "state"))
     a.close()
 
-    b = _loader(packed, 8, seed=4)
-    acc2 = accelerate.Accelerator(cpu=True)
-    acc2.register_for_checkpointing(b)
-    acc2.load_state(str(tmp_path / "state"))
+    b = _restored_through_accelerate(accelerate, tmp_path / "state", _loader(packed, 8, seed=4))
     assert (b.state_dict()["epoch"], b.state_dict()["batches_done"]) == (1, 3)
     rest = [(_digest(x), y.tolist()) for x, y in b]
     assert first + rest == expect
     assert b.epoch == 2
     b.close()
+
+
+def _restored_through_accelerate(accelerate, state_dir, loader):
+    """``loader`` with the state a checkpoint in ``state_dir`` holds, restored by accelerate's own ``load_state``."""
+    acc = accelerate.Accelerator(cpu=True)
+    acc.register_for_checkpointing(loader)
+    acc.load_state(str(state_dir))
+    return loader
 
 
 def test_resumed_loader_keeps_its_position_when_the_loop_sets_the_same_epoch(packed, tmp_path):
@@ -384,10 +389,7 @@ def test_resumed_loader_keeps_its_position_when_the_loop_sets_the_same_epoch(pac
     acc.save_state(str(tmp_path / "state"))
     a.close()
 
-    b = _loader(packed, 8, seed=4)
-    acc2 = accelerate.Accelerator(cpu=True)
-    acc2.register_for_checkpointing(b)
-    acc2.load_state(str(tmp_path / "state"))
+    b = _restored_through_accelerate(accelerate, tmp_path / "state", _loader(packed, 8, seed=4))
     start_epoch = b.state_dict()["epoch"]
     got = []
     for epoch in range(start_epoch, 3):
