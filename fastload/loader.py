@@ -39,7 +39,7 @@ from .augment import eval_params, train_params
 from .dlcompat import LoaderBatchSampler, RankSampler, SamplerPlan, check_collate_fn, note_ignored, user_batch_sampler
 from .host import finish_crops
 from .errors import ConfigError, FastloadError, FormatError, LoaderError, as_int
-from .pipeline import GraphSpec, build_pipeline, decoder_sizing, import_dali
+from .pipeline import GraphSpec, build_pipeline, cpu_samples, decoder_sizing, encoded_batch, import_dali
 from .reader import Dataset, ReadAhead
 from .sampler import ORDERS, Batch, EpochSampler, block_size_for, check_intervals, interval_mask
 from .views import LoaderDataset
@@ -1013,9 +1013,10 @@ class _Core:
             raise StopIteration
         batch = run.next_plan()  # raises StopIteration at the end or when stopping
         ds = self.dataset
-        # The payloads are views of one buffer, reused batch after batch: DALI copies what the
-        # callback returns before it calls it again (measured faster than no_copy=True here,
-        # whose per-sample bookkeeping in DALI's Python costs more than the copy saves).
+        # The payloads are views of one buffer, reused batch after batch, handed over as one
+        # TensorListCPU that wraps them: DALI copies what the callback returns before it calls
+        # it again (measured faster than no_copy=True here, whose per-sample bookkeeping in
+        # DALI's Python costs more than the copy saves).
         rb = ds.read_batch(batch.indices, buffer=run.read_buffer)
         run.read_buffer = rb.buffer
         enc, widths, heights = rb.payloads, rb.widths, rb.heights
@@ -1031,7 +1032,7 @@ class _Core:
             widths[k], heights[k] = _PLACEHOLDER_SIDE, _PLACEHOLDER_SIDE
         if not self.train:
             sizes, corners = eval_params(widths, heights, resize=self.resize, crop=self.crop)
-            return (enc, sizes, corners)
+            return (encoded_batch(enc), sizes, corners)
         boxes, flips = train_params(
             widths,
             heights,
@@ -1047,8 +1048,8 @@ class _Core:
         anchors, shapes = np.ascontiguousarray(boxes[:, :2]), np.ascontiguousarray(boxes[:, 2:])
         if self.host_finish:
             run.flips.append((flips, self._submit_reduced(enc, boxes, widths, heights, anchors, shapes, rb.errors)))
-            return (enc, anchors, shapes)
-        return (enc, anchors, shapes, flips)
+            return (encoded_batch(enc), anchors, shapes)
+        return (encoded_batch(enc), anchors, shapes, flips)
 
     def _submit_reduced(self, enc: list, boxes: np.ndarray, widths, heights, anchors, shapes, failed) -> dict[int, Any]:
         """Send the crops to decode at reduced scale to the pool; DALI decodes a placeholder for each.
@@ -1223,7 +1224,7 @@ class _EpochRun:
                     where = core.dataset.where(int(batch.indices[k]))
                     raise LoaderError(f"{where} failed to decode: {(why or type(e).__name__)[:200]}") from e
             images = finish_crops(
-                tl, flips, crop=core.crop, mean=core.mean, std=core.std,
+                cpu_samples(tl), flips, crop=core.crop, mean=core.mean, std=core.std,
                 dtype=core.dtype, channels_last=core.channels_last, finished=finished,
             )  # fmt: skip
             return images, torch.from_numpy(labels_np), None

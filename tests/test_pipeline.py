@@ -183,3 +183,56 @@ def test_exif_orientation_in_a_payload_is_not_applied(exif_tagged, train):
     left, right = _halves(x)
     assert left[0] > 150 and left[2] < 100, f"left third is not red: {left}"
     assert right[2] > 150 and right[0] < 100, f"right third is not blue: {right}"
+
+
+# ---- handing batches to DALI and taking them back without copies
+
+
+def test_encoded_batch_feeds_dali_the_same_bytes_as_a_list():
+    from nvidia.dali import fn, pipeline_def, types
+
+    from fastload.pipeline import encoded_batch
+
+    jpegs = []
+    for k, side in enumerate((9, 17, 30)):
+        buf = io.BytesIO()
+        Image.new("RGB", (side, side + k), (10 * k, 200, 30)).save(buf, "JPEG", quality=95)
+        jpegs.append(np.frombuffer(buf.getvalue(), dtype=np.uint8))
+    arena = np.concatenate(jpegs + [np.zeros(5, np.uint8)])  # the payloads as views of one buffer, as read_batch gives them
+    bounds = np.cumsum([0] + [len(j) for j in jpegs])
+    views = [arena[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    outs = {}
+    for name, batch in (("list", lambda: views), ("tensorlist", lambda: encoded_batch(views))):
+
+        @pipeline_def(batch_size=3, num_threads=1, device_id=None)
+        def graph():
+            enc = fn.external_source(source=batch, batch=True, dtype=types.UINT8, ndim=1)
+            return enc, fn.decoders.image(enc, device="cpu", output_type=types.RGB)
+
+        pipe = graph()
+        pipe.build()
+        enc, img = pipe.run()
+        outs[name] = ([np.array(enc[i]) for i in range(3)], [np.array(img[i]) for i in range(3)])
+    for i in range(3):
+        np.testing.assert_array_equal(outs["tensorlist"][0][i], jpegs[i])
+        np.testing.assert_array_equal(outs["tensorlist"][1][i], outs["list"][1][i])
+        side = (9, 17, 30)[i]
+        assert outs["tensorlist"][1][i].shape == (side + i, side, 3)
+
+
+def test_cpu_samples_are_views_of_a_contiguous_batch_and_copies_of_a_scattered_one():
+    from nvidia.dali.tensors import TensorCPU, TensorListCPU
+
+    from fastload.pipeline import cpu_samples
+
+    arrays = [np.arange(k * 6, dtype=np.uint8).reshape(k, 2, 3) for k in (1, 4, 2)]
+    for contiguous in (True, False):
+        batch = TensorListCPU([TensorCPU(a) for a in arrays], None, contiguous)
+        got = cpu_samples(batch)
+        assert [g.shape for g in got] == [a.shape for a in arrays]
+        for g, a in zip(got, arrays):
+            np.testing.assert_array_equal(g, a)
+    # contiguous: one buffer, the samples back to back in it
+    got = cpu_samples(TensorListCPU([TensorCPU(a) for a in arrays], None, True))
+    base = got[0].ctypes.data
+    assert [g.ctypes.data - base for g in got] == [0, 6, 30]
