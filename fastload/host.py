@@ -139,6 +139,7 @@ class _Canvas:
         self.crop = crop
         self.pixels = np.empty((rows, crop, crop, 4), dtype=np.uint8)
         self.cells = self.pixels[..., :3]  # (rows, crop, crop, 3) view: RGB without the pad byte
+        self.words = self.pixels.view(np.uint32)[..., 0]  # (rows, crop, crop): a pixel a word
         self.image = Image.frombuffer("RGBX", (crop, crop * rows), self.pixels, "raw", "RGBX", 0, 1).im
 
     def put(self, j: int, hwc: np.ndarray, *, flip: bool = False) -> None:
@@ -155,7 +156,7 @@ class _Canvas:
             im = im.resize((c, c), _BILINEAR, (0, 0, w, h))
         self.image.paste(im, (0, c * j, c, c * j + c))
         if flip:  # in place, in the cache (PIL's transpose costs ~8 us an image)
-            cell = self.pixels[j]  # all four bytes of a pixel (the RGB view: 3 us more an image, measured)
+            cell = self.words[j]  # pixels as 32-bit words: 1.5 us a 56x56 cell, 12.7 as bytes
             cell[...] = cell[:, ::-1]
 
 
