@@ -1059,12 +1059,14 @@ class _Core:
         """
         from .host import reduced_crop, reduced_scales
 
+        jobs: dict[int, Any] = {}
+        if self.closed or self.decode_pool is None or self.decode_pool_pid != os.getpid():
+            return jobs  # no pool (closed, images too small to need one, another process): full scale
         scales = reduced_scales(boxes, widths, heights, crop=self.crop)
         scales[list(failed)] = 1  # unreadable: a placeholder already, its error raised at its turn
         big = np.flatnonzero(scales > 1).tolist()
-        jobs: dict[int, Any] = {}
-        if not big or self.closed or self.decode_pool is None or self.decode_pool_pid != os.getpid():
-            return jobs  # no pool (closed, images too small to need one, another process): full scale
+        if not big:
+            return jobs
         for k in big:
             try:
                 jobs[k] = self.decode_pool.submit(reduced_crop, bytes(enc[k]), boxes[k].tolist(), scale=int(scales[k]), crop=self.crop)
