@@ -16,9 +16,12 @@ is a Python thread that wants the GIL too:
 
    - ``per-record``: the callback FastLoader used until this change, one ``Dataset.record``
      per sample (two ``pread`` each, the GIL released in both) and a copy into DALI;
+   - ``read_batch list``: as ``read_batch`` below, the payloads handed over as a list of views
+     (DALI checks and converts each in Python): FastLoader's callback before small crops;
    - ``read_batch``: ``Dataset.read_batch`` into one reused buffer (cached records copied
-     without releasing the GIL), the payloads handed to DALI as views of it, which DALI copies:
-     what FastLoader's callback does now;
+     without releasing the GIL), the payloads handed to DALI as one ``TensorListCPU`` of views
+     of it (``fastload.pipeline.encoded_batch``), which DALI copies: what FastLoader's
+     callback does now;
    - ``readers.file``: DALI's own C++ file reader on the same JPEGs (random shuffle).
 
    Each measurement runs batches for at least ``--seconds`` (and at least one pass over the
@@ -56,6 +59,7 @@ if "--child" not in sys.argv:  # a child imports the fastload its PYTHONPATH nam
 import numpy as np  # noqa: E402
 
 CONDITIONS = ("none", "train", "busy")
+FEEDERS = ("per-record", "read_batch list", "read_batch", "readers.file")
 FEED_TARGET = 40_000  # records/s into DALI with the training-loop thread running
 LOADER_TARGETS = {"none": 1.1, "train": 1.0}  # FastLoader / readers.file
 
@@ -171,10 +175,12 @@ def feed_rate(kind: str, packed: Path, files: list[str], batch: int, condition: 
     def per_record():
         return [np.frombuffer(ds.record(int(i))[1], dtype=np.uint8) for i in next_indices()]
 
+    from fastload.pipeline import encoded_batch
+
     def read_batch():
         rb = ds.read_batch(next_indices(), buffer=state["buffer"])
         state["buffer"] = rb.buffer  # DALI copies the views before it calls again: reuse it
-        return rb.payloads
+        return rb.payloads if kind == "read_batch list" else encoded_batch(rb.payloads)
 
     if kind == "readers.file":
         pipe = _file_graph(dali, fn, files, batch)
@@ -318,7 +324,9 @@ def report(res: dict) -> str:
     for b in res["feed"]["batches"] if rows else []:
         for c in CONDITIONS:
             base = statistics.median(rows[f"{b}/{c}/per-record"])
-            for k in ("per-record", "read_batch", "readers.file"):
+            for k in FEEDERS:
+                if f"{b}/{c}/{k}" not in rows:  # a run made before this feeder was measured
+                    continue
                 v = rows[f"{b}/{c}/{k}"]
                 m = statistics.median(v)
                 lines.append(f"| {b} | {c} | {k} | {m:,.0f} | {_spread(v)} | {m / base:.2f}× |")
@@ -398,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(0 if args.skip_feed else args.repeats):
         for c in CONDITIONS:
             for b in batches:
-                for k in ("per-record", "read_batch", "readers.file"):
+                for k in FEEDERS:
                     v = feed_rate(k, packed_big, files, b, c, args.seconds)
                     rows.setdefault(f"{b}/{c}/{k}", []).append(v)
                     print(f"repeat {r} feed batch {b} {c:5} {k:12} {v:10,.0f} records/s", flush=True)
