@@ -27,7 +27,8 @@ is a Python thread that wants the GIL too:
    Each measurement runs batches for at least ``--seconds`` (and at least one pass over the
    dataset); the payload checksum is checked (``check=True``, as FastLoader reads).
 2. **FastLoader(cpu) against DALI's ``readers.file`` pipeline** on 64-px JPEGs (decoding
-   nearly free, so feeding costs show): the same random-resized crops, flips and
+   nearly free, so feeding costs show; ``--loader-images DIR --crop 224`` runs it on a
+   folder of ordinary photos instead): the same random-resized crops, flips and
    normalisation (``decoders.image_random_crop`` -> ``resize`` -> ``crop_mirror_normalize``
    with a coin-flip mirror), 56x56 float32 output, batch 256, ``num_threads`` = cores. Each
    measurement is a fresh process (one warm-up epoch, then ``--epochs`` epochs, median);
@@ -341,7 +342,7 @@ def report(res: dict) -> str:
         L = res["loaders"]
         lines += [
             "",
-            f"## 2. FastLoader(cpu) against DALI's `readers.file` pipeline ({L['images']} JPEGs of 64 px, "
+            f"## 2. FastLoader(cpu) against DALI's `readers.file` pipeline ({L.get('what', str(L['images']) + ' JPEGs of 64 px')}, "
             f"batch {L['batch']}, {L['crop']}x{L['crop']} float32, {L['threads']} threads)",
             "",
             "| condition | loader | images/s (median) | spread | vs readers.file |",
@@ -366,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default=str(ROOT / "data" / "feed"))
     p.add_argument("--images", type=int, default=2000, help="feeding records (~100 KB JPEGs)")
     p.add_argument("--small-images", type=int, default=4000, help="64-px JPEGs for the loader part")
+    p.add_argument("--loader-images", default=None,
+                   help="a folder of JPEGs for the loader part instead of the 64-px set (e.g. data/sample-images with --crop 224)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seconds", type=float, default=1.0)
     p.add_argument("--epochs", type=int, default=3)
@@ -413,11 +416,18 @@ def main(argv: list[str] | None = None) -> int:
     if rows:
         res["feed"] = {"records": len(files), "mean_kb": statistics.mean(sizes) / 1000, "batches": list(batches), "rows": rows}
     if not args.skip_loaders:
+        what = f"{args.small_images} JPEGs of 64 px"
+        packed_name = f"packed64-{args.small_images}"
+        if args.loader_images:  # an existing folder of JPEGs instead of the 64-px set
+            small = Path(args.loader_images).resolve()
+            packed_name = f"packed-{small.name}"
+            what = f"{sum(1 for _ in small.rglob('*.jpg'))} JPEGs of {small.name}"
+            pack_with(here, small, data / packed_name)
         kinds = {"readers.file": here, "FastLoader(cpu)": here}
-        packed_small = {"FastLoader(cpu)": data / f"packed64-{args.small_images}"}
+        packed_small = {"FastLoader(cpu)": data / packed_name}
         if args.compare_with:
             old = str(Path(args.compare_with).resolve())
-            out = data / f"packed64-{args.small_images}-before"
+            out = data / f"{packed_name}-before"
             pack_with(old, small, out)
             kinds["FastLoader(cpu) before"] = old
             packed_small["FastLoader(cpu) before"] = out
@@ -430,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
                     out = run_child(child, path, c, args, packed_small.get(k, small), small)
                     lrows.setdefault(f"{c}/{k}", []).append(out["images_per_s"])
                     print(f"repeat {r} loader {c:5} {k:24} {out['images_per_s']:10,.0f} images/s", flush=True)
-        res["loaders"] = {"images": args.small_images, "batch": args.loader_batch, "crop": args.crop,
+        res["loaders"] = {"images": args.small_images, "what": what, "batch": args.loader_batch, "crop": args.crop,
                           "threads": args.threads, "conditions": list(conds), "kinds": list(kinds), "rows": lrows}  # fmt: skip
     name = args.machine or f"{os.cpu_count()}cpu-{'-'.join(res['machine']['cpu'].split()[:2]).lower()}"
     out = Path(args.out)

@@ -109,7 +109,7 @@ def _finish_each(crops, flips, crop: int, dst_all: np.ndarray, affine, done: Map
 
 def _finish_chunked(crops, flips, crop: int, dst_all: np.ndarray, affine, done: Mapping[int, np.ndarray]) -> None:
     n = len(dst_all)
-    canvas = _Canvas(crop, min(CHUNK, n))
+    canvas = _Canvas(crop, min(CHUNK, n), core_ops())
     for s in range(0, n, CHUNK):
         k = min(CHUNK, n - s)
         for j in range(k):
@@ -125,14 +125,14 @@ class _Canvas:
     stores RGB), and :meth:`put` works through PIL's C image objects (``PIL.Image.core``,
     where ``Image.frombuffer``, ``resize`` and ``paste`` end): an HWC crop is unpacked
     into a PIL image, resized with the antialiased bilinear filter and pasted straight
-    into its cell, with no ``tobytes`` copy out. Only used when :func:`core_ops` found
-    those calls to give the public calls' pixels.
+    into its cell, with no ``tobytes`` copy out. ``ops`` is ``(Image.core.new,
+    Image.core.raw_decoder)``; only used where :func:`core_ops` found those calls to give
+    the public calls' pixels.
     """
 
-    def __init__(self, crop: int, rows: int) -> None:
+    def __init__(self, crop: int, rows: int, ops: tuple[Callable[..., Any], Callable[..., Any]] | None) -> None:
         from PIL import Image
 
-        ops = core_ops()
         if ops is None:
             raise RuntimeError("PIL's C image calls are not usable here (see fastload.host.core_ops)")
         self.new, self.decoder = ops
@@ -150,7 +150,8 @@ class _Canvas:
         im = self.new("RGB", (w, h))
         d = self.decoder("RGB", "RGB", 0, 1)
         d.setimage(im)
-        if d.decode(hwc)[1] != 0:
+        status = d.decode(hwc)
+        if status[0] >= 0 or status[1] != 0:  # as Image.frombytes: too few bytes, or a decoder error
             raise ValueError(f"cannot read a {w}x{h} RGB crop")
         if (w, h) != (c, c):
             im = im.resize((c, c), _BILINEAR, (0, 0, w, h))
@@ -161,31 +162,35 @@ class _Canvas:
 
 
 _BILINEAR = 2  # PIL.Image.Resampling.BILINEAR
-_CORE: list = []
+_CORE: list = []  # [ops or None] once checked
+_CORE_LOCK = threading.Lock()
 
 
-def core_ops():
+def core_ops() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
     """``(new, raw_decoder)`` of ``PIL.Image.core`` if crops resized through them into a
     :class:`_Canvas` equal the public calls' (``Image.frombuffer(...).resize(...)``), pixel
     for pixel, flipped or not; None otherwise. Checked once per process."""
-    if not _CORE:
-        from PIL import Image
+    with _CORE_LOCK:
+        if not _CORE:
+            _CORE.append(_checked_core_ops())
+        return _CORE[0]
 
-        ops = None
-        try:
-            ops = (Image.core.new, Image.core.raw_decoder)
-            _CORE.append(ops)  # for the check's canvas
-            src = (np.arange(23 * 37 * 3, dtype=np.int64) * 7919 % 251).astype(np.uint8).reshape(23, 37, 3)
-            canvas = _Canvas(16, 2)
-            canvas.put(0, src)
-            canvas.put(1, src, flip=True)
-            want = np.asarray(Image.fromarray(src).resize((16, 16), Image.BILINEAR))
-            if not (np.array_equal(canvas.cells[0], want) and np.array_equal(canvas.cells[1], want[:, ::-1])):
-                ops = None
-        except Exception:  # noqa: BLE001 - anything different in PIL's internals: the public calls
-            ops = None
-        _CORE[:] = [ops]
-    return _CORE[0]
+
+def _checked_core_ops() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+    from PIL import Image
+
+    try:
+        ops = (Image.core.new, Image.core.raw_decoder)
+        src = (np.arange(23 * 37 * 3, dtype=np.int64) * 7919 % 251).astype(np.uint8).reshape(23, 37, 3)
+        canvas = _Canvas(16, 2, ops)
+        canvas.put(0, src)
+        canvas.put(1, src, flip=True)
+        want = np.asarray(Image.fromarray(src).resize((16, 16), Image.BILINEAR))
+        if np.array_equal(canvas.cells[0], want) and np.array_equal(canvas.cells[1], want[:, ::-1]):
+            return ops
+    except Exception:  # noqa: BLE001 - anything different in PIL's internals: the public calls
+        pass
+    return None
 
 
 def _write(dst: np.ndarray, src: np.ndarray, affine) -> None:

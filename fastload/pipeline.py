@@ -8,7 +8,7 @@ decoder where the GPU has one) and the rest runs on the GPU.
 On the CPU, training graphs stop after the ROI decode (``host_finish``): measured on
 2 cores, DALI's CPU resize costs about 0.6 ms per 224x224 crop against 0.11 ms for
 pillow-simd's SIMD resize, so the loader finishes those batches itself (see
-``fastload.loader._host_finish``).
+``fastload.host.finish_crops``).
 
 Every decoder runs with ``adjust_orientation=False``: ``fastload pack`` stores payloads
 upright (EXIF orientation applied, the record header giving the upright size), so a payload

@@ -104,3 +104,18 @@ def test_crops_that_are_views_with_strides_are_read_correctly():
     flips = np.array([True, False, True])
     out = finish_crops(crops, flips, crop=20, mean=None, std=None, dtype=torch.uint8, channels_last=False)
     np.testing.assert_array_equal(_as_hwc_uint8(out), _expected([np.ascontiguousarray(c) for c in crops], flips, 20))
+
+
+def test_c_calls_that_would_give_other_pixels_are_not_used(monkeypatch):
+    from PIL import Image
+
+    # Image.core.new is what only the fast path uses (the public calls allocate with core.fill):
+    # one pixel wider than asked, it reads the crop's rows skewed, with no error
+    real = Image.core.new
+    monkeypatch.setattr(Image.core, "new", lambda mode, size: real(mode, (size[0] + 1, size[1])))
+    monkeypatch.setattr(host, "_CORE", [])
+    assert host.core_ops() is None
+    crops = _crops(5, 10, 30, seed=11)
+    flips = np.zeros(5, bool)
+    out = finish_crops(crops, flips, crop=16, mean=None, std=None, dtype=torch.uint8, channels_last=False)
+    np.testing.assert_array_equal(_as_hwc_uint8(out), _expected(crops, flips, 16))
