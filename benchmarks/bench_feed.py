@@ -32,7 +32,7 @@ is a Python thread that wants the GIL too:
    normalisation (``decoders.image_random_crop`` -> ``resize`` -> ``crop_mirror_normalize``
    with a coin-flip mirror), 56x56 float32 output, batch 256, ``num_threads`` = cores. Each
    measurement is a fresh process (one warm-up epoch, then ``--epochs`` epochs, median);
-   the rows are interleaved repeat by repeat. With ``--compare-with DIR`` the ``fastload``
+   the rows are interleaved repeat by repeat, each loader first in turn. With ``--compare-with DIR`` the ``fastload``
    package in ``DIR`` (e.g. ``git archive <old commit> fastload | tar -x -C DIR``) is measured
    too, on a dataset it packs itself: the loader before this change, in the same run.
 
@@ -435,7 +435,9 @@ def main(argv: list[str] | None = None) -> int:
         lrows: dict[str, list[float]] = {}
         for r in range(args.repeats):
             for c in conds:
-                for k, path in kinds.items():
+                order = list(kinds.items())
+                order = order[r % len(order) :] + order[: r % len(order)]  # each loader first in turn: no place favoured
+                for k, path in order:
                     child = "readers.file" if k == "readers.file" else "fastload"
                     out = run_child(child, path, c, args, packed_small.get(k, small), small)
                     lrows.setdefault(f"{c}/{k}", []).append(out["images_per_s"])
