@@ -1,7 +1,9 @@
-"""The DALI graph, and nothing else: no files, no epochs, no torch.
+"""The DALI graph and the batches that cross into and out of it, nothing else: no files, no epochs, no torch.
 
 ``external_source`` (encoded bytes, crop boxes, flips) -> decode (only the crop
 window on the training path: ROI decoding) -> resize -> crop-mirror-normalize.
+Payloads go in as one ``TensorListCPU`` (:func:`encoded_batch`); a CPU output comes back
+as NumPy views of DALI's buffer (:func:`cpu_samples`).
 On a GPU (``device_id`` set) decoding is ``mixed`` (nvJPEG, with the hardware JPEG
 decoder where the GPU has one) and the rest runs on the GPU.
 
