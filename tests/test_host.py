@@ -44,7 +44,7 @@ def test_the_fast_path_is_available_with_the_pinned_pillow():
     assert host.core_ops() is not None
 
 
-@pytest.mark.parametrize("crop", [8, 32, 56, 73, 74, 96])
+@pytest.mark.parametrize("crop", [8, 32, 56, 97, 98, 130])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_crops_are_the_reference_below_and_above_the_chunk_threshold(crop, channels_last):
     # 37 images: two full chunks of 16 and a partial one; sizes from 1 px to twice the output
