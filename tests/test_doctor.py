@@ -193,3 +193,18 @@ def test_expected_loader_memory_is_bounded_by_the_thread_cap_not_the_cores(monke
     assert small_host["device"] <= big_host["device"] and big_host["pinned"] < 2 << 30  # not ~ cores x 134 MB x 2
     tiny = doctor.expected_loader_memory(stats={"width": {"median": 64, "max": 80}, "height": {"median": 48, "max": 60}})
     assert tiny["device"] < big_host["device"] and "64x48" in tiny["assumes"]
+
+
+def test_the_small_crop_c_calls_are_reported_and_a_pil_without_them_gets_a_fix(monkeypatch):
+    from fastload import host
+
+    d = doctor.diagnose()
+    assert d["packages"]["pil"]["c_calls"] is True  # this set-up's pillow-simd passes the check
+    assert "small-crop C calls+" in doctor.format_report(d)
+    assert not any("C image calls" in f for f in d["fixes"])
+    monkeypatch.setattr(host, "_CORE", [None])  # what core_ops() gives where the check failed
+    d = doctor.diagnose()
+    assert d["packages"]["pil"]["c_calls"] is False
+    assert "small-crop C calls-" in doctor.format_report(d)
+    fix = [f for f in d["fixes"] if "C image calls" in f]
+    assert fix and "97 px" in fix[0] and "--no-binary pillow-simd" in fix[0]

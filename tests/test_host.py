@@ -38,7 +38,7 @@ def _as_hwc_uint8(images: torch.Tensor) -> np.ndarray:
     return images.permute(0, 2, 3, 1).contiguous().numpy()
 
 
-def test_the_fast_path_is_available_with_the_pinned_pillow():
+def test_the_fast_path_is_available_with_the_pillow_the_set_up_installs():
     # The chunked path resizes through PIL's C image calls; core_ops() checked them against the
     # public calls. None here would mean small crops silently went back to the slower path.
     assert host.core_ops() is not None
