@@ -30,13 +30,13 @@ import os
 import queue
 import threading
 import weakref
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from .augment import eval_params, train_params
-from .dlcompat import LoaderBatchSampler, RankSampler, SamplerPlan, check_collate_fn, note_ignored, user_batch_sampler
+from .dlcompat import DetachedEpoch, LoaderBatchSampler, RankSampler, SamplerPlan, check_collate_fn, note_ignored, user_batch_sampler
 from .host import finish_crops
 from .errors import ConfigError, FastloadError, FormatError, LoaderError, as_int
 from .pipeline import GraphSpec, build_pipeline, cpu_samples, decoder_sizing, encoded_batch, import_dali
@@ -55,6 +55,21 @@ _END = object()
 # Every live loader's core, closed by an exit hook registered right after DALI is imported:
 # atexit runs hooks last-in first-out, so ours runs before DALI's own shutdown of its
 # pipelines, while no fastload thread may still be running one.
+def _weakly(method: Callable[..., Any], otherwise: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` (bound) called through a weak reference to its object; ``otherwise`` once that is gone.
+
+    What a loader hands its own sampler: a strong bound method would make a cycle, and a loader
+    in a cycle is freed (its thread and pipeline with it) only when the cyclic collector runs.
+    """
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> Any:
+        m = ref()
+        return otherwise(*args) if m is None else m(*args)
+
+    return call
+
+
 _LIVE_CORES: "weakref.WeakSet[_Core]" = weakref.WeakSet()
 _EXIT_HOOK: list[bool] = []
 
@@ -447,7 +462,9 @@ class FastLoader:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
             num_threads = max(1, _cores() // max(1, local))
         self.num_threads = num_threads
-        self._epoch = 0
+        # The epoch lives in a box that the loader's sampler and dataset view read without holding
+        # the loader: no reference cycle, so a dropped loader is freed (and its threads end) at once.
+        self._epoch_box = DetachedEpoch(0)
         self._resume_batch = 0
         self._user_batches = user_batches
         self._user_sampler = sampler if batch_sampler is None else getattr(batch_sampler, "sampler", None)
@@ -469,7 +486,7 @@ class FastLoader:
             "check": check, "target_transform": target_transform,
         }  # fmt: skip
         self.dataset = LoaderDataset(
-            packed, labels=labels, epoch=lambda: self._epoch, transform=source.transform, target_transform=target_transform,
+            packed, labels=labels, epoch=self._epoch_box.get, transform=source.transform, target_transform=target_transform,
             origin=source.obj if source.kind == "torchvision" else None,
             settings={"train": self.train, "crop": crop, "resize": resize, "scale": scale_t, "ratio": ratio_t,
                       "flip": flip_f, "mean": mean_t, "std": std_t, "seed": seed},
@@ -500,7 +517,9 @@ class FastLoader:
                     f"{plan.per_rank} of {len(packed)} samples"
                 )
             if self.sampler is None:
-                self.sampler = RankSampler(plan, lambda: self._epoch, self.set_epoch, bind=self._bind_ranks)
+                self.sampler = RankSampler(
+                    plan, self._epoch_box.get, _weakly(self.set_epoch, self._epoch_box.set), bind=_weakly(self._bind_ranks, lambda: None)
+                )
                 self.batch_sampler: Any = LoaderBatchSampler(self.sampler, batch_size, self.drop_last)
             else:
                 self.sampler.rebind(plan)  # the same objects: clients may hold them
@@ -511,6 +530,14 @@ class FastLoader:
             self.batch_sampler = user_batches
             self._max_batch = plan.max_batch
         self._plan = plan
+
+    @property
+    def _epoch(self) -> int:
+        return self._epoch_box.epoch
+
+    @_epoch.setter
+    def _epoch(self, epoch: int) -> None:
+        self._epoch_box.epoch = epoch
 
     def _bind_ranks(self) -> None:
         """Take this process's rank from the process group, once it exists, if none was given."""

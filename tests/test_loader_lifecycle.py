@@ -300,3 +300,38 @@ def test_a_batch_size_above_the_dataset_gives_one_batch(packed):
     batches = list(loader)
     assert [len(y) for _x, y in batches] == [N]
     loader.close()
+
+
+def test_a_dropped_loader_is_freed_at_once_without_the_cyclic_collector(packed):
+    # Its sampler and dataset view reach it weakly: no reference cycle, so dropping the last
+    # reference frees it, and its finaliser stops its threads, even with the collector off
+    # (before, it waited for a full collection, its threads and DALI pipeline with it).
+    gc.collect()
+    gc.disable()
+    try:
+        loader = FastLoader(packed, 4, device="cpu", crop=16, num_threads=1)
+        next(iter(loader))
+        assert loader.sampler.epoch == 0 and len(loader.dataset) == N
+        gone = weakref.ref(loader)
+        del loader
+        assert gone() is None
+        deadline = time.monotonic() + 10
+        while _fastload_threads() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _fastload_threads() == []
+    finally:
+        gc.enable()
+
+
+def test_a_sampler_and_dataset_view_kept_after_their_loader_keep_its_last_epoch(packed):
+    loader = FastLoader(packed, 4, device="cpu", crop=16, num_threads=1, shuffle=True)
+    loader.set_epoch(3)
+    sampler, view = loader.sampler, loader.dataset
+    order = list(sampler)
+    first = view[0][0]
+    del loader
+    gc.collect()
+    assert sampler.epoch == 3 and list(sampler) == order  # the epoch it was left at
+    assert torch.equal(view[0][0], first)
+    sampler.set_epoch(4)  # no loader to move: the sampler's own epoch moves
+    assert sampler.epoch == 4 and list(sampler) != order
