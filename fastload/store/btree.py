@@ -1,172 +1,35 @@
-"""Shard files on the read side: the LMDB structure check, ``pread`` access to records, scans, hashes.
+"""The LMDB B-tree of a shard file, read with ``pread`` and checked page by page: random access to its records.
 
-Everything that opens a finished shard goes through here: :class:`fastload.Dataset` (through
-:class:`ShardFile`: the B-tree read and checked by fastload itself, with ``pread``),
-``inspect``/``verify`` and a resumed pack (which re-read the shards they scan through LMDB,
-after :func:`check_shard_structure`). Also what the page cache and the process hold of shard
-files (:func:`resident_bytes`, :func:`drop_cached`, :func:`process_memory`).
+Everything that reads records of a finished shard goes through here: :class:`fastload.Dataset`
+(through :class:`ShardFile`, one per file per process: :func:`open_shard_file`) and the
+structure check before a scan (:func:`check_shard_structure`).
 """
 
 from __future__ import annotations
 
-import array
 import bisect
-import contextlib
-import ctypes
 import errno
-import hashlib
-import mmap
 import os
-import stat
 import struct
 import threading
 import weakref
-from collections import Counter
-from typing import Any, Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from .errors import CorruptDataError, FormatError
-from .format import (
-    ENCODINGS,
-    FLAG_CONVERTED,
-    FLAG_ORIENTED,
-    FLAG_PROGRESSIVE,
-    FLAG_RESIZED,
-    KEY,
-    RecordHeader,
-    decode_header,
+from ..errors import CorruptDataError, FormatError
+from .files import (
+    FADV_DONTNEED,
+    FADV_RANDOM,
+    FADV_WILLNEED,
+    UnusableFileError,
+    advise,
+    close_fd,
+    file_identity,
+    file_problem,
+    nowait_read,
+    open_regular,
 )
-
-try:  # lmdb is a hard dependency; keep the hint readable anyway
-    import lmdb
-except ImportError:  # pragma: no cover - exercised only without lmdb
-    lmdb = None
-
-
-# -- regular files only ------------------------------------------------------------------------
-# A FIFO, a device (a symlink to /dev/zero) or a directory where a dataset file should be makes
-# open() block, read() never end, or mmap fail: every file of a dataset is checked to be a regular
-# file before it is opened, opened with O_NONBLOCK (a FIFO swapped in meanwhile cannot block the
-# open) and checked again through its descriptor.
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-class UnusableFileError(OSError):
-    """A dataset file that exists but cannot be used: not a regular file, outside its dataset
-    directory, or replaced while being opened. ``strerror`` says what it is (``"is a FIFO, not a
-    regular file"``). An ``OSError``, so callers that handle I/O errors handle it too."""
-
-
-def file_kind(mode: int) -> str:
-    """``"a FIFO"``, ``"a directory"``, ``"a character device"``... for an ``st_mode``."""
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
-
-
-def _require_regular(path: str, st: os.stat_result) -> None:
-    if not stat.S_ISREG(st.st_mode):
-        raise UnusableFileError(errno.EINVAL, f"is {file_kind(st.st_mode)}, not a regular file", path)
-
-
-def stat_regular(path: str | os.PathLike, *, within: str | os.PathLike | None = None) -> os.stat_result:
-    """``os.stat`` of a regular file; with ``within``, one that resolves inside that directory.
-
-    Raises:
-        FileNotFoundError: nothing is there.
-        UnusableFileError: it is not a regular file (a FIFO, a device, a directory, a dangling
-            symlink), or it resolves outside ``within``.
-        OSError: it cannot be looked at (permissions, a symlink loop, ...).
-    """
-    p = os.fspath(path)
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        if os.path.islink(p):
-            raise UnusableFileError(errno.ENOENT, f"is a symlink to {os.readlink(p)!r}, which does not exist", p) from None
-        raise
-    except ValueError as e:  # an embedded NUL, or a name the file system encoding cannot express
-        raise UnusableFileError(errno.EINVAL, f"has an unusable name ({e})", p) from None
-    _require_regular(p, st)
-    if within is not None:
-        real, top = os.path.realpath(p), os.path.realpath(within)
-        if os.path.commonpath([real, top]) != top:
-            raise UnusableFileError(errno.EXDEV, f"resolves to {real!r}, outside the dataset directory", p)
-    return st
-
-
-def open_regular(path: str | os.PathLike, *, within: str | os.PathLike | None = None) -> tuple[int, os.stat_result]:
-    """A read-only descriptor of a regular file and its ``fstat`` (see :func:`stat_regular`).
-
-    Checked before the open, opened with ``O_NONBLOCK`` and checked again through the
-    descriptor, so nothing swapped in between can block or feed endless bytes. The
-    caller closes the descriptor.
-    """
-    p = os.fspath(path)
-    stat_regular(p, within=within)
-    fd = os.open(p, _OPEN_FLAGS)
-    try:
-        st = os.fstat(fd)
-        _require_regular(p, st)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st
-
-
-def read_regular(path: str | os.PathLike, size: int) -> bytes:
-    """The ``size`` bytes of a regular file whose size was checked already (refused if it changed)."""
-    p = os.fspath(path)
-    fd, st = open_regular(p)
-    with open(fd, "rb", buffering=0, closefd=True) as f:
-        if st.st_size != size:
-            raise UnusableFileError(errno.ESTALE, f"changed while being opened ({st.st_size} bytes, expected {size})", p)
-        data = f.read(size + 1)
-    if len(data) != size:
-        raise UnusableFileError(errno.ESTALE, f"changed while being read ({len(data)} bytes, expected {size})", p)
-    return data
-
-
-def file_problem(e: OSError) -> str:
-    """What an ``OSError`` of :func:`stat_regular` / :func:`open_regular` says about the file,
-    for a message: ``"is missing"``, ``"is a FIFO, not a regular file"``, ``"cannot be opened
-    (Permission denied)"``."""
-    if isinstance(e, UnusableFileError):
-        return str(e.strerror)
-    if isinstance(e, FileNotFoundError):
-        return "is missing"
-    return f"cannot be opened ({e.strerror or type(e).__name__})"
-
-
-def file_identity(st: os.stat_result) -> tuple[int, int, int]:
-    """A file's identity for the shared handles and the checked set: (inode, size, mtime)."""
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-_PROC_FD = os.path.isdir("/proc/self/fd")  # Linux: /proc/self/fd/N reopens the very file behind N
-
-
-def _lmdb_open(fd: int, path: str, **kw: Any) -> "lmdb.Environment":
-    """A read-only LMDB environment of exactly the file behind ``fd``.
-
-    LMDB opens ``/proc/self/fd/N`` (where there is one), so it maps the file that was checked
-    even if ``path`` is replaced meanwhile. py-lmdb tells open files apart by ``realpath``,
-    which resolves that name to the file's own: a second handle of one file is still refused.
-    LMDB's errors name ``path``.
-    """
-    name = f"/proc/self/fd/{fd}" if _PROC_FD else path
-    try:
-        return lmdb.open(name, subdir=False, readonly=True, lock=False, readahead=False, **kw)
-    except lmdb.Error as e:
-        if name == path:
-            raise
-        raise type(e)(str(e).replace(repr(name.encode()), path).replace(name, path)) from None
 
 
 # -- LMDB structure ----------------------------------------------------------------------------
@@ -204,9 +67,6 @@ _U64 = struct.Struct("<Q")
 # leaf_pages, overflow_pages, entries, root), last_pg, txnid
 _META = struct.Struct("<IIQQ48xIHHQQQQQQQ")
 _MAX_DEPTH = 32  # LMDB's CURSOR_STACK
-_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
-_DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", None)
-_RANDOM = getattr(os, "POSIX_FADV_RANDOM", None)
 _SPLIT_MIN = 16384  # values above this may be read in two parts (see ShardFile.read)
 
 
@@ -221,17 +81,6 @@ class DamagedShardError(CorruptDataError):
         super().__init__(f"{path}: damaged shard ({problem})")
         self.path = path
         self.problem = problem
-
-
-def _advise(fd: int, ranges: Iterator[tuple[int, int]] | list[tuple[int, int]], advice: int | None) -> None:
-    """``posix_fadvise`` of each ``(offset, length)``; advice is only advice, so errors are ignored."""
-    if advice is None:
-        return
-    for off, n in ranges:
-        try:
-            os.posix_fadvise(fd, off, n, advice)
-        except OSError:
-            return
 
 
 class _Tree:
@@ -284,7 +133,7 @@ class _Tree:
 
     # -- reading -------------------------------------------------------------------------------
     def _pread(self, off: int, n: int) -> bytes:
-        _advise(self.fd, [(off, n)], _WILLNEED)  # exactly these pages: no read-around
+        advise(self.fd, [(off, n)], FADV_WILLNEED)  # exactly these pages: no read-around
         try:
             b = os.pread(self.fd, n, off)
         except OSError as e:
@@ -297,7 +146,7 @@ class _Tree:
     def pages(self, pgnos: list[int]) -> list[bytes]:
         """The pages ``pgnos`` (each at most ``last``), asked of the kernel all at once, then read."""
         ps = self.psize
-        _advise(self.fd, ((p * ps, ps) for p in pgnos), _WILLNEED)
+        advise(self.fd, ((p * ps, ps) for p in pgnos), FADV_WILLNEED)
         out = []
         for p in pgnos:
             try:
@@ -439,12 +288,13 @@ def check_shard_structure(
     except OSError as e:
         return f"the file {file_problem(e)}"
     try:
-        return _check_fd(fd, st, size, None if first is None or count is None else (first, count))
+        return check_fd_structure(fd, st, size, None if first is None or count is None else (first, count))
     finally:
         os.close(fd)
 
 
-def _check_fd(fd: int, st: os.stat_result, size: int, keys: tuple[int, int] | None) -> str | None:
+def check_fd_structure(fd: int, st: os.stat_result, size: int, keys: tuple[int, int] | None) -> str | None:
+    """:func:`check_shard_structure` of an open descriptor (``st`` its ``fstat``; ``keys`` ``(first, count)`` or None)."""
     if st.st_size != size:
         return f"the file is {st.st_size} bytes, expected {size} (it changed while being checked)"
     try:
@@ -480,7 +330,7 @@ class ShardFile:
                 raise UnusableFileError(errno.ESTALE, "was replaced while being opened; try again", path)
             # No read-around: this disk's read_ahead_kb may be 8 MiB, and LMDB's pages and random
             # records gain nothing from it. What is worth reading ahead, ReadAhead asks for exactly.
-            _advise(fd, [(0, 0)], _RANDOM)
+            advise(fd, [(0, 0)], FADV_RANDOM)
             try:
                 self._tree = _Tree(fd, st.st_size, (first, count))
                 self.psize = self._tree.psize
@@ -500,7 +350,7 @@ class ShardFile:
         self._fd = fd
         self.closed = False
         self._lock, self._lock_pid = threading.Lock(), os.getpid()
-        self._finalizer = weakref.finalize(self, _close_fd, fd)
+        self._finalizer = weakref.finalize(self, close_fd, fd)
 
     @property
     def structure_bytes(self) -> int:
@@ -611,7 +461,7 @@ class ShardFile:
         n, off, extra = self._place(index)
         if head and n > max(head, _SPLIT_MIN):
             if not self.closed:
-                _advise(self._fd, [(off - extra, n + extra)], _WILLNEED)
+                advise(self._fd, [(off - extra, n + extra)], FADV_WILLNEED)
             b = self.pread(off - extra, extra + head, index)
         else:
             b = self.pread(off - extra, n + extra, index)
@@ -687,7 +537,7 @@ class ShardFile:
                 ranges[-1] = (ranges[-1][0], max(end, ranges[-1][1]))
             else:
                 ranges.append((start, end))
-        _advise(self._fd, [(a, b - a) for a, b in ranges], _WILLNEED)
+        advise(self._fd, [(a, b - a) for a, b in ranges], FADV_WILLNEED)
 
     def evict(self, indices: Sequence[int]) -> None:
         """Drop from the page cache the pages only the records ``indices`` occupy (their overflow
@@ -696,7 +546,7 @@ class ShardFile:
             return
         ps = self.psize
         ranges = [(start, -(-(end - start) // ps) * ps) for start, end, big in self._spans([int(i) for i in indices]) if big]
-        _advise(self._fd, ranges, _DONTNEED)
+        advise(self._fd, ranges, FADV_DONTNEED)
 
 
     def read_into(self, index: int, buf: np.ndarray, pos: int, addr: int) -> tuple[int, int]:
@@ -729,55 +579,6 @@ class ShardFile:
         if extra:
             self._check_overflow(buf[pos : pos + extra], start, n, index)
         return pos + extra, n
-
-
-# -- a read that keeps the GIL -----------------------------------------------------------------
-class _Iovec(ctypes.Structure):
-    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-
-
-_RWF_NOWAIT = 0x00000008  # linux/fs.h: fail with EAGAIN rather than wait for the disk
-
-
-def _load_preadv2() -> Any:
-    """libc's ``preadv2`` called through :class:`ctypes.PyDLL` (which keeps the GIL), or None."""
-    try:
-        f = ctypes.PyDLL(None, use_errno=True).preadv2
-    except (OSError, AttributeError):  # not glibc >= 2.26, or not Linux
-        return None
-    f.restype = ctypes.c_ssize_t
-    f.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_int, ctypes.c_int64, ctypes.c_int]
-    return f
-
-
-_PREADV2 = _load_preadv2()
-_NOWAIT_OK = [_PREADV2 is not None]
-# One iovec for every call: a PyDLL call holds the GIL from start to end, so no two threads use it at once.
-_IOV = _Iovec(0, 0)
-_IOV_P = ctypes.pointer(_IOV)
-
-
-def nowait_read(fd: int, addr: int, n: int, off: int) -> int:
-    """Copy up to ``n`` bytes at ``off`` of ``fd`` to address ``addr`` from the page cache only.
-
-    ``preadv2(..., RWF_NOWAIT)`` holding the GIL: returns the bytes copied (fewer than ``n``,
-    or -1, where the page cache does not hold them: the caller reads the rest with a call
-    that releases the GIL). Costs about 4 us per 100 KB cached, and never releases the GIL,
-    so a busy Python thread elsewhere cannot make it wait. Returns -1 where ``preadv2`` or
-    ``RWF_NOWAIT`` is unavailable (then every read is a plain ``preadv``).
-    """
-    if not _NOWAIT_OK[0]:
-        return -1
-    _IOV.base, _IOV.len = addr, n
-    r = _PREADV2(fd, _IOV_P, 1, off, _RWF_NOWAIT)
-    if r < 0 and ctypes.get_errno() in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-        _NOWAIT_OK[0] = False  # this kernel or filesystem has no RWF_NOWAIT for buffered reads
-    return r
-
-
-def _close_fd(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        os.close(fd)
 
 
 # One ShardFile per (file, identity) per process while anything uses it; the file's identity
@@ -840,186 +641,7 @@ def close_shared() -> None:
         f.close()
 
 
-# -- memory and the page cache ----------------------------------------------------------------
-def process_memory() -> dict[str, int]:
-    """This process's resident memory in bytes, from ``/proc/self/status`` (zeros where there is none).
-
-    ``rss`` = ``anon`` (its own heap: arrays, tensors, decoded batches) + ``file`` (pages of
-    mapped files: libraries, and any shard an LMDB handle maps) + ``shmem``. ``top``'s RES is
-    ``rss``; ``SHR`` is roughly ``file + shmem``. fastload's readers use ``pread``, so the
-    page cache that holds shard pages counts in none of these.
-    """
-    want = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "RssShmem": "shmem"}
-    out = dict.fromkeys(want.values(), 0)
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                name, _, rest = line.partition(":")
-                if name in want:
-                    out[want[name]] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return out
-
-
-def resident_bytes(path: str | os.PathLike) -> int:
-    """Bytes of a regular file that are in the page cache now (what ``fincore`` reports).
-
-    Raises:
-        OSError: the file cannot be opened, or this platform has no ``mincore``.
-    """
-    import ctypes
-
-    fd, st = open_regular(path)
-    try:
-        size = st.st_size
-        if size == 0:
-            return 0
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr is None or addr == ctypes.c_void_p(-1).value:
-            raise OSError(ctypes.get_errno(), "mmap failed", str(path))
-        try:
-            page = mmap.PAGESIZE
-            vec = np.zeros(-(-size // page), dtype=np.uint8)
-            if libc.mincore(ctypes.c_void_p(addr), size, vec.ctypes.data_as(ctypes.c_void_p)) != 0:
-                raise OSError(ctypes.get_errno(), "mincore failed", str(path))
-        finally:
-            libc.munmap(ctypes.c_void_p(addr), size)
-        return min(int(np.count_nonzero(vec & 1)) * page, size)
-    finally:
-        os.close(fd)
-
-
-def drop_cached(path: str | os.PathLike) -> None:
-    """Write back and drop a file's pages from the page cache (``fsync`` + ``POSIX_FADV_DONTNEED``),
-    so that it is read from the disk again: how the benchmarks make a cold cache for one dataset.
-    Pages other processes have mapped stay; check with :func:`resident_bytes`.
-
-    Raises:
-        OSError: the file cannot be opened.
-    """
-    fd, _st = open_regular(path)
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-        _advise(fd, [(0, 0)], _DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """SHA-256 of a regular file (read in 4 MiB blocks).
-
-    Raises:
-        OSError: the file cannot be read, or is not a regular file (:class:`UnusableFileError`).
-    """
-    h = hashlib.sha256()
-    fd, _st = open_regular(path)
-    with open(fd, "rb", buffering=0, closefd=True) as f:
-        buf = bytearray(4 << 20)
-        view = memoryview(buf)
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
-
-
-
-@contextlib.contextmanager
-def open_shard_readonly(path: str | os.PathLike) -> Iterator[Any]:
-    """A read-only LMDB environment of one shard file, closed afterwards (for scans: inspect, verify, resume).
-
-    The structure check (:func:`check_shard_structure`, without the manifest's keys) and
-    LMDB read the same file, through one descriptor.
-
-    Raises:
-        CorruptDataError: the file's LMDB structure is damaged (reading it could crash).
-        OSError: the file cannot be opened, or is not a regular file (:class:`UnusableFileError`).
-        lmdb.Error: LMDB cannot open the file.
-    """
-    p = str(path)
-    fd, st = open_regular(p)
-    try:
-        problem = _check_fd(fd, st, st.st_size, None)
-        if problem:  # LMDB would read outside the file (and die of SIGBUS): refuse instead
-            raise CorruptDataError(f"{p}: damaged shard ({problem})")
-        env = _lmdb_open(fd, p)
-    finally:
-        os.close(fd)
-    try:
-        yield env
-    finally:
-        env.close()
-
-
-def iter_records(env: Any, where: str) -> Iterator[tuple[int, memoryview]]:
-    """``(global index, value)`` of every record of an open shard, in key order."""
-    with env.begin(buffers=True) as txn:
-        for k, v in txn.cursor():
-            if len(k) != KEY.size:
-                raise CorruptDataError(f"{where}: record key of {len(k)} bytes (expected {KEY.size})")
-            (i,) = KEY.unpack(bytes(k))
-            yield i, v
-
-
-def iter_headers(path: str | os.PathLike) -> Iterator[tuple[int, RecordHeader]]:
-    """``(global index, header)`` of every record of one shard file, in key order.
-
-    Raises:
-        lmdb.Error: the file is not a readable LMDB environment.
-        CorruptDataError: a record header or key is malformed.
-    """
-    p = str(path)
-    with open_shard_readonly(p) as env:
-        for i, v in iter_records(env, p):
-            yield i, decode_header(v, where=f"{p} sample {i}")
-
-
-
-class HeaderStats:
-    """Labels and header statistics of a sequence of records (the manifest's ``stats``, ``inspect``)."""
-
-    def __init__(self) -> None:
-        self.labels = array.array("i")
-        self.widths = array.array("I")
-        self.heights = array.array("I")
-        self.encodings: Counter[str] = Counter()
-        self.flags = Counter({"progressive": 0, "converted": 0, "oriented": 0, "resized": 0})
-        self.payload_bytes = 0
-
-    def add(self, h: RecordHeader) -> None:
-        self.labels.append(h.label)
-        self.widths.append(h.width)
-        self.heights.append(h.height)
-        self.encodings[ENCODINGS.get(h.encoding, str(h.encoding))] += 1
-        for bit, name in ((FLAG_PROGRESSIVE, "progressive"), (FLAG_CONVERTED, "converted"), (FLAG_ORIENTED, "oriented"), (FLAG_RESIZED, "resized")):
-            if h.flags & bit:
-                self.flags[name] += 1
-        self.payload_bytes += h.payload_len
-
-    def to_json(self) -> dict[str, Any]:
-        def dist(a: array.array) -> dict[str, int]:
-            if not a:
-                return {"min": 0, "median": 0, "max": 0}
-            x = np.frombuffer(a, dtype=np.uint32)
-            return {"min": int(x.min()), "median": int(np.median(x)), "max": int(x.max())}
-
-        return {
-            "payload_bytes": self.payload_bytes,
-            "encodings": dict(sorted(self.encodings.items())),
-            **dict(self.flags),
-            "width": dist(self.widths),
-            "height": dist(self.heights),
-        }
-
-
 __all__ = [
-    "check_shard_structure", "ShardFile", "open_shard_file", "DamagedShardError", "close_shared", "open_shard_readonly",
-    "process_memory", "resident_bytes", "drop_cached",
-    "iter_records", "iter_headers", "file_sha256", "HeaderStats",
-    "UnusableFileError", "file_kind", "stat_regular", "open_regular", "read_regular", "file_problem", "file_identity",
+    "READ_SLACK", "DamagedShardError", "check_shard_structure", "check_fd_structure", "ShardFile", "open_shard_file",
+    "close_shared",
 ]  # fmt: skip
