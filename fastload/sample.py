@@ -15,13 +15,15 @@ whatever the number of worker processes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import io
 import json
 import logging
 import os
-import shutil
+import re
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -29,9 +31,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import ConfigError, DependencyError, as_int
+from .errors import ConfigError, DependencyError, as_int, printable
 
-__all__ = ["make_sample", "SAMPLE_MARKER", "CLASS_PHOTOS"]
+__all__ = ["make_sample", "replace_problem", "SAMPLE_MARKER", "CLASS_PHOTOS"]
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +216,11 @@ def make_sample(
 
     If ``out`` already holds a sample made with the same arguments it is reused as
     is; any other existing ``out`` is refused unless ``overwrite=True``, which
-    replaces it only if it is empty or was made by this function.
+    replaces it only if it is empty, or holds nothing but the files a sample wrote
+    (its marker, its class folders and the images named in them, all named from the
+    marker's parameters; :func:`replace_problem`). Anything else there (a checkpoint
+    saved in it, a photo added to a class folder, a symlink) makes ``overwrite``
+    refuse, naming it; and only those files are ever deleted, never a tree.
 
     Args:
         out: directory to create.
@@ -254,24 +260,24 @@ def make_sample(
             return out
         if not overwrite:
             raise ConfigError(f"out {str(out)!r} already exists; pass overwrite=True (--overwrite) to replace it")
-        if marker is None and any(out.iterdir()):
-            raise ConfigError(
-                f"out {str(out)!r} is not empty and was not made by make_sample; refusing to delete it "
-                "(remove it yourself or choose another path)"
-            )
+        problem = replace_problem(out)
+        if problem:
+            raise ConfigError(problem)
 
     names = _class_names(num_classes)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))  # a new directory, never an old one
+    layout = _Layout(names, _class_counts(num_images, num_classes))
     jobs: list[_Job] = []
-    per, extra = divmod(num_images, num_classes)
-    for label, name in enumerate(names):
-        (tmp / name).mkdir(parents=True)
-        photos = CLASS_PHOTOS[label % len(CLASS_PHOTOS)][1]
-        for j in range(per + (label < extra)):
-            jobs.append(_Job(label, j, str(tmp / name / f"{name}_{j:05d}.jpg"), photos))
+    try:
+        for label, name in enumerate(names):
+            (tmp / name).mkdir()
+            photos = CLASS_PHOTOS[label % len(CLASS_PHOTOS)][1]
+            for j in range(layout.counts[label]):
+                jobs.append(_Job(label, j, str(tmp / name / _image_name(name, j)), photos))
+    except BaseException:
+        _remove_sample_files(tmp, layout)
+        raise
 
     if workers is None:
         workers = 1 if num_images < 200 else max(1, min(2, os.cpu_count() or 1))
@@ -292,15 +298,12 @@ def make_sample(
             "bytes": total,
         }
         (tmp / SAMPLE_MARKER).write_text(json.dumps(marker, indent=1) + "\n")
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
+        if out.exists() or out.is_symlink():
+            _replace(out, tmp)
         else:
             tmp.rename(out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_sample_files(tmp, layout)
         raise
     dt = time.perf_counter() - t0
     log.debug(
@@ -308,6 +311,200 @@ def make_sample(
         num_images, num_classes, total / 1e6, total / num_images / 1e3, out, dt,
     )
     return out
+
+
+# ----------------------------------------------------------------------------- what a sample wrote
+
+
+def _class_counts(num_images: int, num_classes: int) -> list[int]:
+    per, extra = divmod(num_images, num_classes)
+    return [per + (label < extra) for label in range(num_classes)]
+
+
+def _image_name(class_name: str, j: int) -> str:
+    return f"{class_name}_{j:05d}.jpg"
+
+
+_INDEX = re.compile(r"_([0-9]{5,})\.jpg", re.ASCII)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """The names a sample writes: its class folders (``classes``), ``counts[k]`` images in the
+    k-th, named :func:`_image_name`, and the marker at the top."""
+
+    classes: list[str]
+    counts: list[int]
+
+    @classmethod
+    def of(cls, marker: dict) -> "_Layout | None":
+        """The layout a sample's marker describes (None if the marker does not describe one)."""
+        params, classes = marker.get("params"), marker.get("classes")
+        if not isinstance(params, dict) or not isinstance(classes, list) or not classes:
+            return None
+        n, k = params.get("num_images"), params.get("num_classes")
+        ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (n, k))
+        ok = ok and 1 <= k <= _MAX_CLASSES and k <= n <= _MAX_IMAGES and len(classes) == k  # type: ignore[operator]
+        ok = ok and all(isinstance(c, str) and c not in ("", ".", "..") and "/" not in c and "\0" not in c for c in classes)
+        if not ok or len(set(classes)) != len(classes):
+            return None
+        return cls(list(classes), _class_counts(n, k))  # type: ignore[arg-type]
+
+    def is_image(self, label: int, name: str) -> bool:
+        """Whether ``name`` is one of the images a sample writes in its ``label``-th class folder."""
+        prefix = self.classes[label]
+        if not name.startswith(prefix):
+            return False
+        m = _INDEX.fullmatch(name, len(prefix))
+        return m is not None and int(m.group(1)) < self.counts[label] and name == _image_name(prefix, int(m.group(1)))
+
+
+def _shown(names: list[str], most: int = 5) -> str:
+    s = ", ".join(printable(n) for n in names[:most])
+    return s + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _foreign(out: Path, layout: _Layout | None) -> list[str]:
+    """What in ``out`` a sample of ``layout`` did not write (``name``, ``name/`` for a folder,
+    ``class/name`` inside a class folder), sorted; everything when ``layout`` is None."""
+    found: list[str] = []
+    index = {c: k for k, c in enumerate(layout.classes)} if layout is not None else {}
+    with os.scandir(out) as it:
+        top = sorted(it, key=lambda e: e.name)
+    for e in top:
+        try:
+            is_file = e.is_file(follow_symlinks=False)
+            is_dir = not is_file and e.is_dir(follow_symlinks=False)
+        except OSError:
+            is_file = is_dir = False
+        if layout is not None and is_file and e.name == SAMPLE_MARKER:
+            continue
+        if layout is None or not is_dir or e.name not in index:
+            found.append(e.name + ("/" if is_dir else " (a symlink)" if e.is_symlink() else ""))
+            continue
+        k = index[e.name]
+        with os.scandir(e.path) as inner:
+            for f in sorted(inner, key=lambda f: f.name):
+                try:
+                    ours = f.is_file(follow_symlinks=False) and layout.is_image(k, f.name)
+                    kind = "/" if f.is_dir(follow_symlinks=False) else " (a symlink)" if f.is_symlink() else ""
+                except OSError:
+                    ours, kind = False, ""
+                if not ours:
+                    found.append(f"{e.name}/{f.name}{kind}")
+    return found
+
+
+def replace_problem(out: str | os.PathLike) -> str | None:
+    """Why ``overwrite`` may not replace the existing directory ``out``, in one line; None if it may.
+
+    It may replace an empty directory, or a sample (a ``make_sample`` marker) that holds
+    nothing but what a sample with the marker's parameters writes: the marker, the class
+    folders it names, and in them the images ``<class>_<n>.jpg`` for ``n`` below that
+    class's count, as regular files. A symlink, a file or folder added, a photo dropped into
+    a class folder, a renamed image: all refused, named in the message.
+    """
+    out = Path(out)
+    shown = printable(os.fspath(out))
+    if out.is_symlink():
+        return (
+            f"out {shown!r} is a symlink (to {printable(os.readlink(out))}); refusing to replace it even with "
+            "overwrite: pass the directory it points to, or remove the link yourself"
+        )
+    marker = read_marker(out)
+    try:
+        if marker is None:
+            left = _foreign(out, None)
+            if not left:
+                return None
+            return (
+                f"out {shown!r} is not empty and was not made by make_sample; refusing to delete it "
+                f"(it holds {_shown(left)}; remove it yourself or choose another path)"
+            )
+        layout = _Layout.of(marker)
+        if layout is None:
+            return f"out {shown!r}: its {SAMPLE_MARKER} does not say what the sample wrote; remove the directory yourself or choose another path"
+        left = _foreign(out, layout)
+    except OSError as e:
+        return f"out {shown!r}: cannot look at what it holds ({e.strerror or e}); remove it yourself or choose another path"
+    if left:
+        return (
+            f"out {shown!r} holds files make_sample did not write ({_shown(left)}); refusing to replace it even with "
+            "overwrite: move them away yourself, or choose another path"
+        )
+    return None
+
+
+def _remove_sample_files(directory: Path, layout: _Layout | None) -> list[str]:
+    """Delete what a sample of ``layout`` writes in ``directory`` (its images, class folders once
+    empty, the marker), then ``directory`` if that emptied it; return what was left there.
+    Never raises; never deletes anything else."""
+    if layout is None:
+        left = []
+    else:
+        for k, name in enumerate(layout.classes):
+            d = directory / name
+            if d.is_symlink() or not d.is_dir():
+                continue
+            try:
+                with os.scandir(d) as it:
+                    entries = list(it)
+            except OSError:
+                continue
+            for f in entries:
+                with contextlib.suppress(OSError):
+                    if f.is_file(follow_symlinks=False) and layout.is_image(k, f.name):
+                        os.unlink(f.path)
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+        marker = directory / SAMPLE_MARKER
+        with contextlib.suppress(OSError):
+            if marker.is_file() and not marker.is_symlink():
+                marker.unlink()
+        try:
+            left = _foreign(directory, layout) if directory.is_dir() else []
+        except OSError:
+            left = ["?"]
+    with contextlib.suppress(OSError):
+        os.rmdir(directory)
+    return left if os.path.lexists(directory) else []
+
+
+def _aside(out: Path) -> Path:
+    base = f".{out.name}.old-{os.getpid()}"
+    for n in range(1000):
+        p = out.with_name(base if n == 0 else f"{base}-{n}")
+        if not os.path.lexists(p):
+            return p
+    raise ConfigError(f"{printable(os.fspath(out.parent))}: no free name to move the old sample aside ({base}-*); remove those yourself")
+
+
+def _replace(out: Path, tmp: Path) -> None:
+    """Move ``out`` aside, ``tmp`` into its place, then delete what the old sample wrote.
+
+    ``out`` is checked again first (files may have been added while the new sample was
+    made); whatever appears in the old one after that stays, in the directory it was moved
+    to, with a warning naming it.
+    """
+    problem = replace_problem(out)
+    if problem:
+        raise ConfigError(problem)
+    old_marker = read_marker(out)
+    layout = _Layout.of(old_marker) if old_marker is not None else _Layout([], [])
+    old = _aside(out)
+    out.rename(old)
+    try:
+        tmp.rename(out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            old.rename(out)  # put the old sample back
+        raise
+    left = _remove_sample_files(old, layout)
+    if left:
+        log.warning(
+            "%s: the old sample moved here still holds files make_sample did not write (%s); left in place",
+            printable(os.fspath(old)), _shown(left),
+        )  # fmt: skip
 
 
 def read_marker(path: Path) -> dict | None:
