@@ -25,9 +25,9 @@ from .reader import Dataset
 from .sample import make_sample
 from .packing import PackResult, pack, pack_dataset
 
-# FastLoader imports torch and DALI: load it on first use so that `fastload pack`
+# FastLoader and Augment import torch (FastLoader DALI too): load it on first use so that `fastload pack`
 # and `import fastload` stay light and work where DALI is not installed.
-_LAZY = {"FastLoader": "loader", "IMAGENET_MEAN": "loader", "IMAGENET_STD": "loader"}
+_LAZY = {"FastLoader": "loader", "Augment": "settings", "IMAGENET_MEAN": "settings", "IMAGENET_STD": "settings"}
 
 
 def __getattr__(name: str):
@@ -50,6 +50,7 @@ __all__ = [
     "make_sample",
     "profile",
     "FastLoader",
+    "Augment",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "FastloadError",

@@ -2,7 +2,7 @@
 
 :func:`translate` reads a ``transforms.Compose`` (or a ``transforms.v2.Compose``, an
 ``nn.Sequential``, or one transform) of a torchvision image dataset and returns the
-:class:`fastload.FastLoader` keyword arguments that produce the same batches, or
+:class:`fastload.Augment` settings that produce the same batches, or
 raises :class:`~fastload.errors.ConfigError` naming the one step it cannot reproduce
 and what to do. It is pure: it looks at the transform objects, never calls them, and
 imports torchvision only when called (``import fastload`` works without it).
@@ -54,9 +54,12 @@ import math
 import operator
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, printable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .settings import Augment
 
 __all__ = ["translate"]
 
@@ -305,8 +308,207 @@ def _convert_dtype(step: _Step, st: _State, dtype: Any, scale: bool, tv: _TV) ->
     st.dtype = dtype
 
 
-def translate(transform: Any) -> dict[str, Any]:
-    """The FastLoader keyword arguments a torchvision transform implies.
+class _Shape:
+    """What the geometric steps decided: the form and its sizes, the flip, and the steps that set them."""
+
+    def __init__(self) -> None:
+        self.form: str | None = None  # None -> "train" (after RandomResizedCrop) | "resized" (after Resize) -> "eval"
+        self.crop: int | None = None
+        self.resize: int | None = None
+        self.scale, self.ratio = _DEFAULT_SCALE, _DEFAULT_RATIO
+        self.flip = 0.0
+        self.flip_step: _Step | None = None
+        self.shape_step: _Step | None = None  # the RandomResizedCrop or Resize that set the form
+
+    def rrc(self, step: _Step, t: Any, tv: _TV, st: _State) -> None:
+        if self.form is not None:
+            raise step.fail(_second_crop(self.form, self.shape_step))
+        _interpolation(step, t, tv, st.tensor)
+        self.crop = _side(step, t.size, "crop size", allow_pair=True)
+        self.scale = _pair(step, t.scale, "scale", lo=0.0, hi=1.0)
+        self.ratio = _pair(step, t.ratio, "ratio", lo=1e-6, hi=None)
+        self.form, self.shape_step = "train", step
+
+    def resize_step(self, step: _Step, t: Any, tv: _TV, st: _State) -> None:
+        if self.form is not None:
+            raise step.fail(_second_crop(self.form, self.shape_step))
+        if self.flip_step is not None:
+            raise self.flip_step.fail(_FLIP_IN_EVAL)
+        _interpolation(step, t, tv, st.tensor)
+        if getattr(t, "max_size", None) is not None:
+            raise step.fail(
+                "max_size caps the longer side, so the shorter one can end below the crop; FastLoader resizes the "
+                "shorter side only: remove max_size"
+            )
+        size = t.size
+        if isinstance(size, (list, tuple)) and len(size) == 2:
+            raise step.fail(
+                f"size {tuple(size)!r} stretches every image to {size[0]}x{size[1]}, but FastLoader keeps the "
+                f"aspect ratio (shorter side to `resize`, then a center crop): use Resize({size[0]}) + "
+                f"CenterCrop({size[0]})"
+            )
+        if size is None:
+            raise step.fail("size=None (only max_size): FastLoader resizes the shorter side to one size; give size")
+        self.resize = _side(step, size, "size", allow_pair=False)
+        self.form, self.shape_step = "resized", step
+
+    def center(self, step: _Step, t: Any, tv: _TV, st: _State) -> None:
+        if self.form != "resized":
+            if self.form is None:
+                raise step.fail(
+                    "CenterCrop without a Resize before it crops the full-resolution image; FastLoader's evaluation "
+                    "path resizes the shorter side first: put Resize(S) before it (S >= the crop; 256 for 224)"
+                )
+            raise step.fail(_second_crop(self.form, self.shape_step))
+        crop = _side(step, t.size, "crop size", allow_pair=True)
+        if self.resize is not None and crop > self.resize:
+            raise step.fail(
+                f"crop {crop} is larger than the resized shorter side {self.resize}: torchvision pads with black, "
+                f"FastLoader never pads; use Resize(S) with S >= {crop}"
+            )
+        self.crop, self.form = crop, "eval"
+
+    def flip_step_(self, step: _Step, t: Any, tv: _TV, st: _State) -> None:
+        if self.form in ("resized", "eval"):
+            raise step.fail(_FLIP_IN_EVAL)
+        if self.flip_step is not None:
+            raise step.fail(f"a second horizontal flip (the first is {self.flip_step.where}); keep one")
+        try:
+            flip = float(t.p)
+        except (TypeError, ValueError):
+            raise step.fail(f"p {t.p!r} is not a probability") from None
+        if not 0.0 <= flip <= 1.0:
+            raise step.fail(f"p {t.p!r} is not a probability in [0, 1]")
+        self.flip, self.flip_step = flip, step
+
+
+def _to_tensor(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
+    torch = tv.torch
+    if st.tensor:
+        if type(t) in tv.maybe:
+            return  # timm's MaybeToTensor / MaybePILToTensor: a tensor passes through
+        if kind == "to_image":
+            st.image_type = True  # v2.ToImage of a tensor: the same values
+            return
+        raise step.fail(
+            f"the image is already a tensor ({st.converted_by.where if st.converted_by else 'converted before'}); "
+            "it converts PIL images: keep one tensor conversion"
+        )
+    st.tensor, st.converted_by = True, step
+    st.image_type = kind == "to_image"
+    if kind == "to_tensor":
+        st.dtype = torch.float32
+    else:
+        st.dtype, st.S = torch.uint8, [1.0 / 255.0] * 3
+
+
+def _convert(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
+    if not st.tensor:
+        if type(t) in tv.v1_convert:
+            raise step.fail(
+                "it needs a tensor, but the image is still a PIL image here (torchvision raises): put "
+                "PILToTensor() before it"
+            )
+        return  # v2 passes PIL images through untouched
+    _convert_dtype(step, st, t.dtype, True, tv)
+
+
+def _to_dtype(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
+    if not st.tensor:
+        return  # v2 passes PIL images through untouched
+    dtype = t.dtype
+    if isinstance(dtype, dict):
+        key = tv.tv_image if st.image_type else tv.torch.Tensor
+        if key in dtype:
+            dtype = dtype[key]
+        elif "others" in dtype:
+            dtype = dtype["others"]
+        else:
+            raise step.fail(
+                f"its dtype dict has no entry for {'tv_tensors.Image' if st.image_type else 'torch.Tensor'} "
+                "and no 'others' (torchvision raises); give dtype=torch.float32"
+            )
+    _convert_dtype(step, st, dtype, bool(getattr(t, "scale", False)), tv)
+
+
+def _normalize(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
+    if not st.tensor or st.dtype == tv.torch.uint8:
+        what = "a PIL image" if not st.tensor else "a uint8 tensor"
+        raise step.fail(
+            f"Normalize needs a float tensor, but the image is {what} here (torchvision raises): put ToTensor() "
+            "(or PILToTensor() + ConvertImageDtype(torch.float)) before it"
+        )
+    m = _triple(step, t.mean, "mean", tv.torch)
+    s = _triple(step, t.std, "std", tv.torch)
+    if any(v == 0 for v in s):
+        raise step.fail(f"std {t.std!r} has a zero: division by zero")
+    st.M = [M + mi * S for M, mi, S in zip(st.M, m, st.S)]
+    st.S = [S * si for S, si in zip(st.S, s)]
+    if any(v <= 0 for v in st.S):
+        raise step.fail(f"std {t.std!r} is negative; FastLoader's std must be positive")
+
+
+#: The steps that change the image's values, by kind (the geometric ones are :class:`_Shape`'s methods).
+_PIXEL_STEPS = {
+    "to_tensor": _to_tensor, "pil_to_tensor": _to_tensor, "to_image": _to_tensor,
+    "convert": _convert, "to_dtype": _to_dtype, "normalize": _normalize,
+}  # fmt: skip
+
+
+def _unknown_step(step: _Step, t: Any, tv: _TV) -> None:
+    """A step torchvision's kinds do not cover: a no-op passes, anything else is refused."""
+    if type(t) in tv.noop:
+        return
+    parent = tv.subclass_of(t)
+    if parent is not None:
+        raise step.fail(
+            f"a subclass of torchvision's {parent}, which may change what {parent} does: FastLoader cannot "
+            f"know; use {parent} itself, or {_NO_EQUIVALENT}"
+        )
+    raise step.fail(_unknown(t))
+
+
+def _result(transform: Any, shape: _Shape, st: _State, tv: _TV) -> "Augment":
+    """The Augment of a walked transform, or a ConfigError where it does not end in one batchable form."""
+    from .settings import Augment
+
+    if shape.flip_step is not None and shape.form != "train":
+        raise shape.flip_step.fail(
+            "a flip without RandomResizedCrop: FastLoader flips only on its training path; add "
+            "RandomResizedCrop(N) (training), or remove the flip"
+        )
+    last = _name(transform)
+    if shape.form is None:
+        raise ConfigError(
+            f"transform {last}: no crop, so the images keep their own sizes, but FastLoader batches need one size: "
+            f"use {_TRAIN_HINT}"
+        )
+    if shape.form == "resized":
+        raise ConfigError(
+            f"transform {last}: Resize({shape.resize}) without CenterCrop gives images of different sizes, but "
+            f"FastLoader batches need one size: add CenterCrop(N) after it (N <= {shape.resize})"
+        )
+    if not st.tensor:
+        raise ConfigError(
+            f"transform {last}: it returns PIL images, which a DataLoader cannot batch; add ToTensor() (float 0..1) "
+            "or PILToTensor() (uint8 0..255) after the crop"
+        )
+    uint8 = st.dtype == tv.torch.uint8
+    return Augment(
+        train=shape.form == "train",
+        crop=shape.crop,
+        scale=shape.scale,
+        ratio=shape.ratio,
+        flip=shape.flip,
+        resize=shape.resize if shape.form == "eval" else None,
+        mean=None if uint8 else tuple(st.M),
+        std=None if uint8 else tuple(st.S),
+        dtype=tv.torch.float32 if uint8 else st.dtype,
+    )
+
+
+def translate(transform: Any) -> "Augment":
+    """The FastLoader settings a torchvision transform implies, as one :class:`fastload.Augment`.
 
     Args:
         transform: a ``Compose`` (v1 or v2), an ``nn.Sequential`` or one transform, as
@@ -314,8 +516,8 @@ def translate(transform: Any) -> dict[str, Any]:
             understood.
 
     Returns:
-        ``{"train", "crop", "scale", "ratio", "flip", "resize", "mean", "std", "dtype"}``:
-        ``resize`` is None for training (unused); ``scale``, ``ratio`` are FastLoader's
+        an :class:`~fastload.settings.Augment` (``channels_last`` False): ``resize`` is None
+        for training (unused); ``scale``, ``ratio`` are FastLoader's
         defaults and ``flip`` is 0.0 for evaluation (unused); ``mean``/``std`` are tuples
         in 0..1 units, or both None for uint8 output.
 
@@ -333,177 +535,20 @@ def translate(transform: Any) -> dict[str, Any]:
     items = _flatten(transform, tv)
     if not items:
         raise ConfigError(f"transform {_name(transform)} is empty; FastLoader batches need one size: use {_TRAIN_HINT}")
-    torch = tv.torch
-    st = _State()
-    form: str | None = None  # None -> "train" (after RandomResizedCrop) | "resized" (after Resize) -> "eval"
-    crop = resize = None
-    scale, ratio = _DEFAULT_SCALE, _DEFAULT_RATIO
-    flip = 0.0
-    flip_step: _Step | None = None
-    shape_step: _Step | None = None  # the RandomResizedCrop or Resize that set the form
+    shape, st = _Shape(), _State()
+    geometry = {"rrc": shape.rrc, "resize": shape.resize_step, "center": shape.center, "flip": shape.flip_step_}
     for i, t in enumerate(items):
         step = _Step(t, i, len(items))
         kind = tv.kind(t)
         if kind is None:
-            if type(t) in tv.noop:
-                continue
-            parent = tv.subclass_of(t)
-            if parent is not None:
-                raise step.fail(
-                    f"a subclass of torchvision's {parent}, which may change what {parent} does: FastLoader cannot "
-                    f"know; use {parent} itself, or {_NO_EQUIVALENT}"
-                )
-            raise step.fail(_unknown(t))
-        if kind == "rrc":
-            if form is not None:
-                raise step.fail(_second_crop(form, shape_step))
-            _interpolation(step, t, tv, st.tensor)
-            crop = _side(step, t.size, "crop size", allow_pair=True)
-            scale = _pair(step, t.scale, "scale", lo=0.0, hi=1.0)
-            ratio = _pair(step, t.ratio, "ratio", lo=1e-6, hi=None)
-            form, shape_step = "train", step
-        elif kind == "resize":
-            if form is not None:
-                raise step.fail(_second_crop(form, shape_step))
-            if flip_step is not None:
-                raise flip_step.fail(_FLIP_IN_EVAL)
-            _interpolation(step, t, tv, st.tensor)
-            if getattr(t, "max_size", None) is not None:
-                raise step.fail(
-                    "max_size caps the longer side, so the shorter one can end below the crop; FastLoader resizes the "
-                    "shorter side only: remove max_size"
-                )
-            size = t.size
-            if isinstance(size, (list, tuple)) and len(size) == 2:
-                raise step.fail(
-                    f"size {tuple(size)!r} stretches every image to {size[0]}x{size[1]}, but FastLoader keeps the "
-                    f"aspect ratio (shorter side to `resize`, then a center crop): use Resize({size[0]}) + "
-                    f"CenterCrop({size[0]})"
-                )
-            if size is None:
-                raise step.fail("size=None (only max_size): FastLoader resizes the shorter side to one size; give size")
-            resize = _side(step, size, "size", allow_pair=False)
-            form, shape_step = "resized", step
-        elif kind == "center":
-            if form != "resized":
-                if form is None:
-                    raise step.fail(
-                        "CenterCrop without a Resize before it crops the full-resolution image; FastLoader's evaluation "
-                        "path resizes the shorter side first: put Resize(S) before it (S >= the crop; 256 for 224)"
-                    )
-                raise step.fail(_second_crop(form, shape_step))
-            crop = _side(step, t.size, "crop size", allow_pair=True)
-            if resize is not None and crop > resize:
-                raise step.fail(
-                    f"crop {crop} is larger than the resized shorter side {resize}: torchvision pads with black, "
-                    f"FastLoader never pads; use Resize(S) with S >= {crop}"
-                )
-            form = "eval"
-        elif kind == "flip":
-            if form in ("resized", "eval"):
-                raise step.fail(_FLIP_IN_EVAL)
-            if flip_step is not None:
-                raise step.fail(f"a second horizontal flip (the first is {flip_step.where}); keep one")
-            try:
-                flip = float(t.p)
-            except (TypeError, ValueError):
-                raise step.fail(f"p {t.p!r} is not a probability") from None
-            if not 0.0 <= flip <= 1.0:
-                raise step.fail(f"p {t.p!r} is not a probability in [0, 1]")
-            flip_step = step
-        elif kind in ("to_tensor", "pil_to_tensor", "to_image"):
-            if st.tensor:
-                if type(t) in tv.maybe:
-                    continue  # timm's MaybeToTensor / MaybePILToTensor: a tensor passes through
-                if kind == "to_image":
-                    st.image_type = True  # v2.ToImage of a tensor: the same values
-                    continue
-                raise step.fail(
-                    f"the image is already a tensor ({st.converted_by.where if st.converted_by else 'converted before'}); "
-                    "it converts PIL images: keep one tensor conversion"
-                )
-            st.tensor, st.converted_by = True, step
-            st.image_type = kind == "to_image"
-            if kind == "to_tensor":
-                st.dtype = torch.float32
-            else:
-                st.dtype, st.S = torch.uint8, [1.0 / 255.0] * 3
-        elif kind == "convert":
-            if not st.tensor:
-                if type(t) in tv.v1_convert:
-                    raise step.fail(
-                        "it needs a tensor, but the image is still a PIL image here (torchvision raises): put "
-                        "PILToTensor() before it"
-                    )
-                continue  # v2 passes PIL images through untouched
-            _convert_dtype(step, st, t.dtype, True, tv)
-        elif kind == "to_dtype":
-            if not st.tensor:
-                continue  # v2 passes PIL images through untouched
-            dtype = t.dtype
-            if isinstance(dtype, dict):
-                key = tv.tv_image if st.image_type else torch.Tensor
-                if key in dtype:
-                    dtype = dtype[key]
-                elif "others" in dtype:
-                    dtype = dtype["others"]
-                else:
-                    raise step.fail(
-                        f"its dtype dict has no entry for {'tv_tensors.Image' if st.image_type else 'torch.Tensor'} "
-                        "and no 'others' (torchvision raises); give dtype=torch.float32"
-                    )
-            _convert_dtype(step, st, dtype, bool(getattr(t, "scale", False)), tv)
-        elif kind == "normalize":
-            if not st.tensor or st.dtype == torch.uint8:
-                what = "a PIL image" if not st.tensor else "a uint8 tensor"
-                raise step.fail(
-                    f"Normalize needs a float tensor, but the image is {what} here (torchvision raises): put ToTensor() "
-                    "(or PILToTensor() + ConvertImageDtype(torch.float)) before it"
-                )
-            m = _triple(step, t.mean, "mean", torch)
-            s = _triple(step, t.std, "std", torch)
-            if any(v == 0 for v in s):
-                raise step.fail(f"std {t.std!r} has a zero: division by zero")
-            st.M = [M + mi * S for M, mi, S in zip(st.M, m, st.S)]
-            st.S = [S * si for S, si in zip(st.S, s)]
-            if any(v <= 0 for v in st.S):
-                raise step.fail(f"std {t.std!r} is negative; FastLoader's std must be positive")
+            _unknown_step(step, t, tv)
+        elif kind in geometry:
+            geometry[kind](step, t, tv, st)
+        elif kind in _PIXEL_STEPS:
+            _PIXEL_STEPS[kind](step, t, tv, st, kind)
         else:
             raise step.fail(_REFUSAL.get(kind, f"has no FastLoader equivalent: {_NO_EQUIVALENT}"))
-    if flip_step is not None and form != "train":
-        raise flip_step.fail(
-            "a flip without RandomResizedCrop: FastLoader flips only on its training path; add "
-            "RandomResizedCrop(N) (training), or remove the flip"
-        )
-    last = _name(transform)
-    if form is None:
-        raise ConfigError(
-            f"transform {last}: no crop, so the images keep their own sizes, but FastLoader batches need one size: "
-            f"use {_TRAIN_HINT}"
-        )
-    if form == "resized":
-        raise ConfigError(
-            f"transform {last}: Resize({resize}) without CenterCrop gives images of different sizes, but FastLoader "
-            f"batches need one size: add CenterCrop(N) after it (N <= {resize})"
-        )
-    if not st.tensor:
-        raise ConfigError(
-            f"transform {last}: it returns PIL images, which a DataLoader cannot batch; add ToTensor() (float 0..1) "
-            "or PILToTensor() (uint8 0..255) after the crop"
-        )
-    uint8 = st.dtype == torch.uint8
-    out: dict[str, Any] = {
-        "train": form == "train",
-        "crop": crop,
-        "scale": scale,
-        "ratio": ratio,
-        "flip": flip,
-        "resize": resize if form == "eval" else None,
-        "mean": None if uint8 else tuple(st.M),
-        "std": None if uint8 else tuple(st.S),
-        "dtype": torch.float32 if uint8 else st.dtype,
-    }
-    return out
+    return _result(transform, shape, st, tv)
 
 
 _FLIP_IN_EVAL = (

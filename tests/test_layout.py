@@ -130,3 +130,37 @@ def _imports_of_tree(name: str, path: Path, tree: ast.Module) -> list[tuple[str,
         return _imports(name, tmp)
     finally:
         tmp.unlink()
+
+
+#: Room sizes: a module over this many lines holds more than one job.
+MAX_MODULE_LINES = 900
+#: A function over this many lines is several steps that want names of their own.
+MAX_FUNCTION_LINES = 120
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_module_is_over_the_size_of_one_job(name):
+    n = len(MODULES[name].read_text().splitlines())
+    assert n <= MAX_MODULE_LINES, f"{name} has {n} lines (at most {MAX_MODULE_LINES}): split it by job"
+
+
+def test_no_function_is_over_the_size_of_one_step():
+    long = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(PKG.parent)}:{node.lineno}: {node.name} has {n} lines")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+def test_the_loader_is_split_by_job():
+    """The read side's rooms of issue 'the read side in rooms': facade, settings, resume state, core, producer."""
+    assert {"fastload.loader", "fastload.settings", "fastload.resume", "fastload.core", "fastload.epochs"} <= set(MODULES)
+    imports = {m for m, _w, _l in _imports("fastload.loader", MODULES["fastload.loader"])}
+    assert {"fastload.core", "fastload.epochs", "fastload.resume", "fastload.settings"} <= imports
+    # the arrows point one way: nothing below the facade reaches back up to it
+    for low in ("fastload.core", "fastload.epochs", "fastload.resume", "fastload.settings"):
+        assert "fastload.loader" not in {m for m, _w, _l in _imports(low, MODULES[low])}, low
+    assert "fastload.epochs" not in {m for m, _w, _l in _imports("fastload.core", MODULES["fastload.core"])}

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 import fastload
-import fastload.loader as loader_mod
+import fastload.core as core_mod
 from fastload import FastLoader, LoaderError
 from fastload.pipeline import (
     DALI_DEVICE_PADDING,
@@ -79,13 +79,13 @@ def test_loader_builds_its_graph_with_the_sizing_of_its_datasets_recorded_sizes(
     stats = fastload.Dataset(out).manifest.stats
     assert stats["width"]["max"] == 200 and stats["height"]["median"] == 60  # what pack recorded
     specs: list[GraphSpec] = []
-    real = loader_mod.build_pipeline
+    real = core_mod.build_pipeline
 
     def spy(spec, source):
         specs.append(spec)
         return real(spec, source)
 
-    monkeypatch.setattr(loader_mod, "build_pipeline", spy)
+    monkeypatch.setattr(core_mod, "build_pipeline", spy)
     with FastLoader(out, 5, device="cpu", crop=16, shuffle=False) as loader:
         x, _ = next(iter(loader))
     assert x.shape == (5, 3, 16, 16)

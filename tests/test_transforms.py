@@ -16,7 +16,15 @@ import torch
 from PIL import Image
 
 from fastload.errors import ConfigError
-from fastload.transforms import translate
+from fastload.settings import Augment
+from fastload.transforms import translate as translate_augment
+
+
+def translate(transform) -> dict:
+    """translate()'s Augment as the dict of the nine settings a transform decides (not channels_last)."""
+    got = translate_augment(transform)
+    assert isinstance(got, Augment) and got.channels_last is False
+    return {k: getattr(got, k) for k in ("train", "crop", "scale", "ratio", "flip", "resize", "mean", "std", "dtype")}
 
 tv = pytest.importorskip("torchvision")
 from torchvision import transforms as T

@@ -1,0 +1,292 @@
+"""The DALI-facing core of a loader: its pipeline, the callback that feeds it, and the sample a failed batch names.
+
+A :class:`Core` is what the epoch thread (:mod:`fastload.epochs`) and DALI's callback
+hold: the dataset, the settings, the pipeline and the current run. Never the
+``FastLoader``, so that a loader nobody references is collected; its finaliser then
+calls :meth:`Core.close`, and so does an exit hook for the cores still alive, registered
+right after DALI is imported: atexit runs hooks last-in first-out, so ours runs before
+DALI's own shutdown of its pipelines, while no fastload thread may still be running one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import threading
+import weakref
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .augment import eval_params, train_params
+from .errors import FastloadError, FormatError, LoaderError
+from .pipeline import GraphSpec, build_pipeline, decoder_sizing, encoded_batch, import_dali
+from .reader import Dataset, ReadAhead
+from .settings import Augment
+
+_LIVE_CORES: "weakref.WeakSet[Core]" = weakref.WeakSet()
+_EXIT_HOOK: list[bool] = []
+
+
+def _close_live_cores() -> None:
+    for core in list(_LIVE_CORES):
+        with contextlib.suppress(Exception):
+            core.close()
+
+
+def register_exit_hook() -> None:
+    """Close every live core at interpreter exit (call it after DALI is imported: see the module docstring)."""
+    if not _EXIT_HOOK:
+        atexit.register(_close_live_cores)
+        _EXIT_HOOK.append(True)
+
+
+class Core:
+    """What the background thread and DALI's callback hold: settings, dataset, pipeline, current run.
+
+    Args:
+        dataset: the packed dataset read.
+        plan: the epoch plan (:class:`fastload.sampler.EpochSampler` or a user's sampler's plan).
+        max_batch: the largest batch the plan gives (the pipeline's batch size).
+        labels: every sample's label, as the loader yields them.
+        device: where batches are made.
+        augment: what is done to each image.
+        num_threads, prefetch, seed, hw_decoder_load: the loader's settings of those names.
+    """
+
+    def __init__(
+        self, *, dataset: Dataset, plan: Any, max_batch: int, labels: np.ndarray, device: torch.device,
+        augment: Augment, num_threads: int, prefetch: int, seed: int, hw_decoder_load: float | None,
+    ) -> None:  # fmt: skip
+        self.dataset, self.plan, self.max_batch, self.labels = dataset, plan, max_batch, labels
+        self.device, self.augment = device, augment
+        self.num_threads, self.prefetch, self.seed, self.hw_decoder_load = num_threads, prefetch, seed, hw_decoder_load
+        self.train, self.crop, self.resize = augment.train, augment.crop, augment.resize_side
+        self.mean, self.std, self.dtype = augment.mean, augment.std, augment.out_dtype
+        self.channels_last = augment.channels_last
+        # CPU training batches are resized and normalised on the host (faster than DALI's CPU resize)
+        self.host_finish = self.device.type == "cpu" and self.train
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.pipe: Any = None
+        self.run: Any = None  # the fastload.epochs.EpochRun producing now
+        # the records of the next batches are asked for from a few threads, ahead of DALI (cold data)
+        self.read_ahead = ReadAhead(self.dataset, threads=4, depth=max(2, self.prefetch + 2))
+        self.decode_pool: Any = None  # fastload.host.DecodePool
+        self.decode_pool_pid = 0
+        if self.host_finish:
+            self._start_decode_pool()
+        self.closed = False
+        self.lock = threading.Lock()
+        _LIVE_CORES.add(self)
+
+    def _start_decode_pool(self) -> None:
+        """CPU training crops far larger than the output are decoded at reduced scale from a pool.
+
+        Only when the dataset's largest images are big enough for one. It takes DALI's decoding of
+        those samples over, so it has as many threads as DALI's CPU decoder (which decodes 16x16
+        placeholders for them meanwhile).
+        """
+        from PIL import Image
+
+        from .host import REDUCED_SCALE_RATIO, DecodePool
+
+        # PIL's plugins imported now, not first in a background thread: their namedtuples are
+        # made with eval(), which resets CPython's note of an uncaught Ctrl-C (exit 1, not 130)
+        Image.preinit()
+        # The pool's threads start here, never in the epoch thread: a new thread may run the
+        # collector, and so this core's finaliser, before start() returns to its starter.
+        st = self.dataset.manifest.stats if isinstance(self.dataset.manifest.stats, dict) else {}
+        sides = [st.get(k, {}).get("max") if isinstance(st.get(k), dict) else None for k in ("width", "height")]
+        if all(v is None or v >= REDUCED_SCALE_RATIO * self.crop for v in sides):
+            self.decode_pool, self.decode_pool_pid = DecodePool(self.num_threads), os.getpid()
+
+    def stop(self) -> None:
+        """End the current run, if any (its iterator then says a newer one took over)."""
+        with self.lock:
+            self.stop_locked(superseded=True)
+
+    def stop_locked(self, *, superseded: bool) -> None:
+        """:meth:`stop` with :attr:`lock` held by the caller."""
+        run, self.run = self.run, None
+        if run is not None:
+            if superseded and not run.finished:
+                run.superseded = True
+            run.shutdown()
+
+    def close(self) -> None:
+        """Stop the thread, free the pipeline and the stream. Idempotent; run by the finaliser."""
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            self.stop_locked(superseded=False)
+            self.read_ahead.close()
+            pool, self.decode_pool = self.decode_pool, None
+            if pool is not None:  # not waited for: the finaliser may run in one of its threads
+                pool.close()
+            self.pipe = None  # DALI frees its buffers (and GPU memory) with the pipeline
+            if self.stream is not None:
+                with contextlib.suppress(Exception):
+                    self.stream.synchronize()  # this stream only: the copies in flight
+                self.stream = None
+
+    def build(self):
+        """The DALI pipeline for these settings, fed by :meth:`source`."""
+        gpu = self.device.type == "cuda"
+        if self.mean is None:
+            mean = std = None
+            out = "uint8"
+        else:
+            mean = [m * 255.0 for m in self.mean]
+            std = [s * 255.0 for s in self.std]  # type: ignore[union-attr]
+            out = "float16" if self.dtype == torch.float16 else "float32"
+        spec = GraphSpec(
+            batch_size=self.max_batch,  # never more than a batch can hold
+            num_threads=self.num_threads,
+            device_id=self.device.index if gpu else None,
+            train=self.train,
+            crop=self.crop,
+            resize=self.resize,
+            mean=mean,
+            std=std,
+            out_dtype=out,
+            channels_last=self.channels_last,
+            prefetch=self.prefetch,
+            hw_decoder_load=self.hw_decoder_load,
+            host_finish=self.host_finish,
+            # the mixed decoder's buffers, sized from the dataset's recorded image sizes
+            **decoder_sizing(self.dataset.manifest.stats, max_pixels=self.dataset.manifest.max_pixels).fields(),
+        )
+        try:
+            return build_pipeline(spec, self.source)
+        except FastloadError:
+            raise
+        except Exception as e:  # DALI's own errors
+            raise LoaderError(f"could not build the DALI pipeline for {self.device}: {e}") from e
+
+    def source(self) -> tuple:
+        """DALI's external_source callback: the next planned batch, read and parameterised."""
+        run = self.run
+        if run is None:
+            raise StopIteration
+        batch = run.next_plan()  # raises StopIteration at the end or when stopping
+        ds = self.dataset
+        # The payloads are views of one buffer, reused batch after batch, handed over as one
+        # TensorListCPU that wraps them: DALI copies what the callback returns before it calls
+        # it again (measured faster than no_copy=True here, whose per-sample bookkeeping in
+        # DALI's Python costs more than the copy saves).
+        rb = ds.read_batch(batch.indices, buffer=run.read_buffer)
+        run.read_buffer = rb.buffer
+        enc, widths, heights = rb.payloads, rb.widths, rb.heights
+        for k in sorted(rb.errors):
+            # DALI asks for batches ahead of the consumer: remember the error with its batch,
+            # feed a placeholder, and raise when this batch's turn comes (after the good ones).
+            i = int(batch.indices[k])
+            if batch.number not in run.errors:
+                msg, prefix = str(rb.errors[k]), f"{ds.location(i)}: "
+                reason = msg[len(prefix) :] if msg.startswith(prefix) else msg
+                run.errors[batch.number] = LoaderError(f"{ds.where(i)}: {reason}")
+            enc[k] = placeholder_jpeg()
+            widths[k], heights[k] = PLACEHOLDER_SIDE, PLACEHOLDER_SIDE
+        if not self.train:
+            sizes, corners = eval_params(widths, heights, resize=self.resize, crop=self.crop)
+            return (encoded_batch(enc), sizes, corners)
+        a = self.augment
+        boxes, flips = train_params(
+            widths, heights, seed=self.seed, epoch=run.epoch, positions=batch.positions,
+            scale=a.scale, ratio=a.ratio, flip=a.flip,
+        )  # fmt: skip
+        # The per-sample parameters go to DALI as dense [n, k] arrays (one batch, one conversion),
+        # not lists of n small arrays: DALI checks each list item in Python (about 6 us each).
+        anchors, shapes = np.ascontiguousarray(boxes[:, :2]), np.ascontiguousarray(boxes[:, 2:])
+        if self.host_finish:
+            run.flips.append((flips, self._submit_reduced(enc, boxes, widths, heights, anchors, shapes, rb.errors)))
+            return (encoded_batch(enc), anchors, shapes)
+        return (encoded_batch(enc), anchors, shapes, flips)
+
+    def _submit_reduced(self, enc: list, boxes: np.ndarray, widths, heights, anchors, shapes, failed) -> dict[int, Any]:
+        """Send the crops to decode at reduced scale to the pool; DALI decodes a placeholder for each.
+
+        Returns position -> the future of its finished crop (:func:`fastload.host.reduced_crop`).
+        The payload is copied first: its buffer is the next batch's.
+        """
+        from .host import reduced_crop, reduced_scales
+
+        jobs: dict[int, Any] = {}
+        if self.closed or self.decode_pool is None or self.decode_pool_pid != os.getpid():
+            return jobs  # no pool (closed, images too small to need one, another process): full scale
+        scales = reduced_scales(boxes, widths, heights, crop=self.crop)
+        scales[list(failed)] = 1  # unreadable: a placeholder already, its error raised at its turn
+        big = np.flatnonzero(scales > 1).tolist()
+        if not big:
+            return jobs
+        for k in big:
+            try:
+                jobs[k] = self.decode_pool.submit(reduced_crop, bytes(enc[k]), boxes[k].tolist(), scale=int(scales[k]), crop=self.crop)
+            except RuntimeError:  # closed by close(): DALI decodes the rest at full scale
+                break
+            enc[k] = placeholder_jpeg()
+            anchors[k] = 0.0
+            shapes[k] = float(PLACEHOLDER_SIDE)
+        return jobs
+
+    def locate_decode_error(self, indices: Sequence[int], err: BaseException) -> LoaderError:
+        """Find which sample of a failed batch does not decode, to name it in the error.
+
+        DALI reports a failed batch, not the sample: decode the candidates one at a time
+        with DALI's CPU decoder (the error path only) and name the first that fails.
+        """
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+        detail = next((ln for ln in lines if "failure" in ln or "rror" in ln and "Critical" not in ln), None)
+        detail = (detail or (lines[-1] if lines else type(err).__name__))[:200]
+        bad = _first_undecodable(self.dataset, indices)
+        if bad is not None:
+            i, why = bad
+            return LoaderError(f"{self.dataset.where(i)} failed to decode: {why}")
+        lo, hi = (int(min(indices)), int(max(indices))) if len(indices) else (-1, -1)
+        return LoaderError(f"DALI failed on a batch holding samples {lo}..{hi} of {self.dataset.path}: {detail}")
+
+
+def _first_undecodable(ds: Dataset, indices: Sequence[int]) -> tuple[int, str] | None:
+    """The first of ``indices`` that DALI's CPU decoder rejects, with the reason; None if all decode."""
+    dali, fn, types = import_dali()
+    payloads: list[np.ndarray] = []
+
+    @dali.pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_dynamic=False, exec_pipelined=False, exec_async=False)
+    def probe():
+        return fn.decoders.image(fn.external_source(source=lambda: [payloads[-1]], batch=True), device="cpu")
+
+    pipe = probe()
+    pipe.build()
+    for i in indices:
+        try:
+            payload, _ = ds[int(i)]
+        except FormatError as e:
+            return int(i), str(e)
+        payloads.append(np.frombuffer(payload, dtype=np.uint8))
+        try:
+            pipe.run()
+        except Exception as e:  # noqa: BLE001 - the reason is reported to the user
+            lines = [ln.strip() for ln in str(e).splitlines() if "failure" in ln or "Error" in ln]
+            return int(i), (lines[-1] if lines else "DALI could not decode it")[:200]
+    return None
+
+
+#: The side of the JPEG fed to DALI in place of an unreadable record or a reduced-scale crop.
+PLACEHOLDER_SIDE = 16
+_PLACEHOLDER: list[np.ndarray] = []
+
+
+def placeholder_jpeg() -> np.ndarray:
+    """A small valid JPEG that stands in for an unreadable record until its error is raised."""
+    if not _PLACEHOLDER:
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.new("RGB", (PLACEHOLDER_SIDE, PLACEHOLDER_SIDE), (128, 128, 128)).save(buf, "JPEG")
+        _PLACEHOLDER.append(np.frombuffer(buf.getvalue(), dtype=np.uint8))
+    return _PLACEHOLDER[0]

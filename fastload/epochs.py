@@ -1,0 +1,290 @@
+"""One epoch's producer and its hand-off: the thread that drives DALI, its bounded queue, and the CUDA-stream hand-off to the consumer.
+
+:func:`start_epoch` ends a core's current run and starts an :class:`EpochRun`: one
+background thread that runs the core's DALI pipeline and turns its outputs into torch
+tensors. On CUDA it copies on the core's side stream and records an event per batch;
+the consumer's current stream waits on that event before the batch is handed over, and
+the tensors are marked with ``record_stream`` so the allocator never reuses them early.
+Any error in the background (a corrupt record, a failed decode) reaches the consumer's
+``__next__`` (:class:`EpochIterator`) with the sample index and its source path; it
+never hangs. An iterator that is dropped stops its thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import queue
+import threading
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .core import Core
+from .errors import FastloadError, LoaderError
+from .host import finish_crops
+from .pipeline import cpu_samples
+from .sampler import Batch
+
+_END = object()
+
+SUPERSEDED = (
+    "this FastLoader iterator was ended by a newer iter() of the same loader (one live iterator "
+    "per loader): iterate it from one place, or make one FastLoader per consumer"
+)
+
+
+class _Failure:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def start_epoch(core: Core, epoch: int, start: int) -> "EpochRun":
+    """End ``core``'s current run (if any) and start producing ``epoch`` from batch ``start``."""
+    with core.lock:
+        core.stop_locked(superseded=True)
+        if core.pipe is None:
+            core.pipe = core.build()
+        run = EpochRun(core, epoch, start)
+        core.run = run
+        run.start()
+        return run
+
+
+class EpochRun:
+    """One epoch's producer: a thread that drives DALI into a bounded queue.
+
+    It holds the :class:`~fastload.core.Core`, never the loader or the iterator the user holds.
+    """
+
+    def __init__(self, core: Core, epoch: int, start: int) -> None:
+        self.core = core
+        self.epoch = epoch
+        self.first = start
+        self.yielded = start
+        self.finished = False
+        self.superseded = False  # a newer iter() of the same loader took over
+        self._plan = core.read_ahead.ahead(core.plan.batches(epoch, start))
+        self._inflight: collections.deque[Batch] = collections.deque()
+        self.read_buffer: np.ndarray | None = None  # Dataset.read_batch's, reused by DALI's callback
+        self.flips: collections.deque[tuple[np.ndarray, dict]] = collections.deque()  # host_finish: flips, reduced-scale jobs
+        self.errors: dict[int, LoaderError] = {}  # batch number -> the error to raise at its turn
+        self._queue: queue.Queue = queue.Queue(maxsize=core.prefetch)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._produce, name=f"fastload-epoch{epoch}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # ---- called by DALI (producer thread)
+    def next_plan(self) -> Batch:
+        """The next batch of the epoch's plan (DALI's callback asks); StopIteration at the end or when stopping."""
+        if self._stop.is_set():
+            raise StopIteration
+        batch = next(self._plan)  # StopIteration at the end of the epoch
+        self._inflight.append(batch)
+        return batch
+
+    # ---- producer thread
+    def _produce(self) -> None:
+        core = self.core
+        pipe = core.pipe
+        stream = core.stream
+        try:
+            if stream is not None:
+                torch.cuda.set_device(core.device)
+
+            while True:
+                try:
+                    outs = pipe.run(stream) if stream is not None else pipe.run()
+                except StopIteration:
+                    pipe.reset()
+                    break
+                batch = self._inflight.popleft()
+                if self._stop.is_set():
+                    continue  # drain what DALI already scheduled
+                if batch.number in self.errors:
+                    raise self.errors.pop(batch.number)
+                item = self._convert(outs[0], batch)
+                if not self._put(item):
+                    continue
+            if not self._stop.is_set():
+                self._put(_END)
+        except BaseException as e:  # noqa: BLE001 - every failure must reach the consumer
+            core.pipe = None  # a failed DALI pipeline is not reusable: rebuild next epoch
+            if isinstance(e, LoaderError):
+                err: BaseException = e
+            elif isinstance(e, FastloadError):
+                err = LoaderError(str(e))
+            else:
+                pending = [int(i) for b in self._inflight for i in b.indices]
+                err = core.locate_decode_error(pending, e)
+                err.__cause__ = e
+            self._put(_Failure(err))
+
+    def _finished_on_host(self, tl, batch: Batch, labels_np: np.ndarray):
+        """A CPU training batch: DALI's decoded crops resized, flipped and normalised on the host."""
+        from concurrent.futures import wait as futures_wait
+
+        core = self.core
+        flips, jobs = self.flips.popleft()
+        finished = {}
+        for k, job in jobs.items():  # reduced-scale decodes, in the pool since DALI asked for the batch
+            while not job.done():  # never blocked for good: a finaliser closing this run may hold the pool's thread
+                if self._stop.is_set():
+                    return None  # stopping: nothing is handed on
+                futures_wait((job,), timeout=0.05)
+            try:
+                finished[k] = job.result()
+            except Exception as e:  # noqa: BLE001 - named with its sample, as DALI's failures are
+                why = "PIL cannot identify it as an image" if type(e).__name__ == "UnidentifiedImageError" else str(e)
+                where = core.dataset.where(int(batch.indices[k]))
+                raise LoaderError(f"{where} failed to decode: {(why or type(e).__name__)[:200]}") from e
+        images = finish_crops(
+            cpu_samples(tl), flips, crop=core.crop, mean=core.mean, std=core.std,
+            dtype=core.dtype, channels_last=core.channels_last, finished=finished,
+        )  # fmt: skip
+        return images, torch.from_numpy(labels_np), None
+
+    def _convert(self, tl, batch: Batch):
+        core = self.core
+        labels_np = core.labels[batch.indices]
+        if core.host_finish:
+            return self._finished_on_host(tl, batch, labels_np)
+        dali_tensor = tl.as_tensor()
+        shape = dali_tensor.shape()
+        torch_dtype = torch.uint8 if core.dtype == torch.uint8 else (
+            torch.float16 if core.dtype == torch.float16 else torch.float32
+        )
+        from nvidia.dali.plugin.pytorch import feed_ndarray
+
+        if core.stream is None:
+            images = torch.empty(shape, dtype=torch_dtype)
+            feed_ndarray(dali_tensor, images)
+            if core.dtype == torch.bfloat16:
+                images = images.to(torch.bfloat16)
+            labels = torch.from_numpy(labels_np)
+            event = None
+        else:
+            stream = core.stream
+            with torch.cuda.stream(stream):
+                images = torch.empty(shape, dtype=torch_dtype, device=core.device)
+                feed_ndarray(dali_tensor, images, cuda_stream=stream)
+                if core.dtype == torch.bfloat16:
+                    images = images.to(torch.bfloat16)
+                labels = torch.from_numpy(labels_np).pin_memory().to(core.device, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(stream)
+        if core.channels_last:
+            images = images.permute(0, 3, 1, 2)  # NHWC storage == channels_last NCHW view
+        return images, labels, event
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    # ---- consumer side (called by EpochIterator)
+    def get(self) -> Any:
+        """The next item of the queue; None if the thread stopped without one."""
+        while True:
+            try:
+                return self._queue.get(timeout=0.5)
+            except queue.Empty:
+                if self._stop.is_set() or (not self._thread.is_alive() and self._queue.empty()):
+                    return None
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def request_stop(self) -> None:
+        """Ask the thread to stop; it drains DALI's scheduled batches and ends by itself."""
+        self._stop.set()
+
+    def shutdown(self) -> None:
+        """Stop producing, drain DALI's scheduled batches, and join the thread."""
+        self._stop.set()
+        if threading.current_thread() is self._thread:
+            return  # a finaliser run by the collector inside this very thread: it ends by itself
+        while self._thread.is_alive():
+            try:
+                self._queue.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        self._thread.join()
+        with contextlib.suppress(Exception):
+            self._plan.close()  # drops the read-ahead requests not yet started
+        self.finished = True
+
+
+class EpochIterator:
+    """What ``iter(loader)`` returns: the consumer end of one :class:`EpochRun`.
+
+    It keeps its loader alive while it is used (as a DataLoader's iterator does), and when it
+    is dropped before the end of its epoch, its producer thread is stopped.
+
+    Args:
+        run: the producer.
+        owner: the loader, held while the iterator lives.
+        device: where the batches are (the consumer's current stream there waits for each).
+        on_end: called with ``run`` when the epoch was read to its end.
+        is_closed: whether the loader was closed (a run stopped by ``close()``).
+        length: the loader's batches per epoch.
+    """
+
+    def __init__(
+        self, run: EpochRun, *, owner: Any, device: torch.device, on_end: Callable[[EpochRun], None],
+        is_closed: Callable[[], bool], length: Callable[[], int],
+    ) -> None:  # fmt: skip
+        self._loader = owner
+        self._run = run
+        self._device = device
+        self._on_end, self._is_closed, self._length = on_end, is_closed, length
+        self._told = False  # the "ended by a newer iter()" error was raised
+        weakref.finalize(self, run.request_stop)
+
+    def __iter__(self) -> "EpochIterator":
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        run = self._run
+        if run.superseded and not self._told:
+            self._told = True
+            raise LoaderError(SUPERSEDED)
+        if run.finished:
+            raise StopIteration
+        item = run.get()
+        if item is None:
+            run.finished = True
+            if run.superseded:
+                self._told = True
+                raise LoaderError(SUPERSEDED)
+            if self._is_closed():
+                raise LoaderError("this FastLoader was closed while it was being iterated")
+            raise LoaderError("the FastLoader background thread stopped without a result")
+        if item is _END:
+            run.finished = True
+            run.join()
+            self._on_end(run)
+            raise StopIteration
+        if isinstance(item, _Failure):
+            run.finished = True
+            run.join()
+            raise item.exc
+        images, labels, event = item
+        if event is not None:
+            current = torch.cuda.current_stream(self._device)
+            current.wait_event(event)
+            images.record_stream(current)
+            labels.record_stream(current)
+        run.yielded += 1
+        return images, labels
+
+    def __len__(self) -> int:
+        return self._length() - self._run.yielded

@@ -1,0 +1,156 @@
+"""The augmentation settings: one frozen, validated description of what is done to each image.
+
+:class:`Augment` holds the ten settings a loader applies to every sample (random-resized
+crop and flip for training, resize and center crop for evaluation, normalisation, output
+dtype and memory format). It is what :func:`fastload.transforms.translate` returns for a
+torchvision transform and what ``FastLoader(transform=...)`` takes, and it checks every
+value when it is made, with the messages the loader's flat keywords have always given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+
+from .errors import ConfigError, as_int
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+#: The largest ``crop``/``resize`` side accepted: far above any training resolution, and
+#: small enough that one image of a batch stays a bounded allocation (3 x 8192^2 x 4 B = 805 MB).
+MAX_SIDE = 8192
+
+#: The output dtypes of a normalised batch.
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+#: The settings' names, in the order they are checked.
+FIELDS = ("train", "crop", "scale", "ratio", "flip", "resize", "mean", "std", "dtype", "channels_last")
+
+
+def check_pair(name: str, value: Any, *, lo: float, hi: float | None = None) -> tuple[float, float]:
+    """``value`` as a ``(min, max)`` pair of finite floats with ``lo <= min <= max (<= hi)``."""
+    try:
+        a, b = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a pair of numbers (min, max), got {value!r}") from None
+    if not (lo <= a <= b) or (hi is not None and b > hi) or not (math.isfinite(a) and math.isfinite(b)):
+        bound = f"{lo} <= min <= max" + (f" <= {hi}" if hi is not None else "")
+        raise ConfigError(f"{name} must satisfy {bound}, got {value!r}")
+    return a, b
+
+
+def check_triple(name: str, value: Any, *, positive: bool) -> tuple[float, float, float]:
+    """``value`` as three finite floats, one per RGB channel (positive ones when asked)."""
+    try:
+        t = tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be 3 numbers (one per RGB channel) or None, got {value!r}") from None
+    if len(t) != 3 or not all(math.isfinite(v) for v in t) or (positive and min(t) <= 0):
+        need = "3 positive numbers" if positive else "3 numbers"
+        raise ConfigError(f"{name} must be {need} (0..1 units, like torchvision) or None, got {value!r}")
+    return t  # type: ignore[return-value]
+
+
+def check_probability(name: str, value: Any) -> float:
+    """``value`` as a float in [0, 1]."""
+    try:
+        p = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a probability in [0, 1], got {value!r}") from None
+    if not 0.0 <= p <= 1.0:
+        raise ConfigError(f"{name} must be a probability in [0, 1], got {value!r}")
+    return p
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Augment:
+    """What a loader does to each image, checked when made (torchvision's semantics throughout).
+
+    Args:
+        train: random-resized crop + flip (True) or resize + center crop (False).
+        crop: output side in pixels, 1..:data:`MAX_SIDE`.
+        scale, ratio: random-resized-crop area fraction and aspect ratio ranges.
+        flip: probability of a horizontal flip when training.
+        resize: shorter side before the evaluation center crop, at least ``crop``; None gives
+            ``round(crop / 0.875)`` (:attr:`resize_side`).
+        mean, std: per-channel normalisation in 0..1 units; both None gives uint8 images.
+        dtype: ``torch.float32``, ``torch.float16`` or ``torch.bfloat16`` (unused for uint8 output).
+        channels_last: images in channels-last memory format.
+
+    Raises:
+        ConfigError: a value out of its range or of the wrong kind, naming the setting and the value.
+    """
+
+    train: bool = True
+    crop: int = 224
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip: float = 0.5
+    resize: int | None = None
+    mean: tuple[float, float, float] | None = IMAGENET_MEAN
+    std: tuple[float, float, float] | None = IMAGENET_STD
+    dtype: torch.dtype = torch.float32
+    channels_last: bool = False
+
+    def __post_init__(self) -> None:
+        put = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen: set once, here
+        put("train", bool(self.train))
+        crop = as_int("crop", self.crop, lo=1, hi=MAX_SIDE, hint=" (pixels)")
+        put("crop", crop)
+        if self.resize is not None:
+            put("resize", as_int("resize", self.resize, lo=crop, hi=2 * MAX_SIDE, hint=f" (>= crop {crop})"))
+        else:
+            as_int("resize", self.resize_side, lo=crop, hi=2 * MAX_SIDE, hint=f" (>= crop {crop})")
+        scale = check_pair("scale", self.scale, lo=0.0, hi=1.0)
+        if scale[1] <= 0:
+            raise ConfigError(f"scale must have max > 0, got {self.scale!r}")
+        put("scale", scale)
+        put("ratio", check_pair("ratio", self.ratio, lo=1e-6))
+        put("flip", check_probability("flip", self.flip))
+        mean, std = self.mean, self.std
+        if (mean is None) != (std is None):
+            raise ConfigError(f"give both mean and std, or neither for uint8 output; got mean={mean!r}, std={std!r}")
+        put("mean", None if mean is None else check_triple("mean", mean, positive=False))
+        put("std", None if std is None else check_triple("std", std, positive=True))
+        if self.dtype not in FLOAT_DTYPES:
+            raise ConfigError(f"dtype must be torch.float32, torch.float16 or torch.bfloat16, got {self.dtype!r}")
+        put("channels_last", bool(self.channels_last))
+
+    @classmethod
+    def merged(cls, *layers: "Augment | dict[str, Any] | None") -> "Augment":
+        """Settings from ``layers``, later ones winning; a dict gives only the settings it names.
+
+        An :class:`Augment` layer gives all of its settings except an unset ``resize``
+        (None: derived from the final ``crop``). Values are checked once, on the result.
+        """
+        values: dict[str, Any] = {}
+        for layer in layers:
+            if layer is None:
+                continue
+            given = layer.given() if isinstance(layer, Augment) else layer
+            unknown = sorted(set(given) - set(FIELDS))
+            if unknown:
+                raise ConfigError(f"unknown augmentation setting(s) {', '.join(unknown)}; known: {', '.join(FIELDS)}")
+            values.update(given)
+        return cls(**values)
+
+    def given(self) -> dict[str, Any]:
+        """The settings as keyword arguments that make this object again (an unset ``resize`` left out)."""
+        out = {k: getattr(self, k) for k in FIELDS}
+        if out["resize"] is None:
+            del out["resize"]
+        return out
+
+    @property
+    def resize_side(self) -> int:
+        """The shorter side before the evaluation center crop (``resize``, or ``round(crop / 0.875)``)."""
+        return int(round(self.crop / 0.875)) if self.resize is None else self.resize
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        """The dtype of the batches: ``dtype``, or ``torch.uint8`` without normalisation."""
+        return self.dtype if self.mean is not None else torch.uint8
