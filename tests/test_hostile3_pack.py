@@ -189,3 +189,203 @@ def test_files_added_while_the_new_sample_is_made_are_kept(tmp_path, monkeypatch
     aside = [p for p in tmp_path.iterdir() if p.name.startswith(".D.old-")]
     assert len(aside) == 1 and _tree(aside[0]) == {"00_astronaut/late.jpg": b"late"}
     assert "late.jpg" in caplog.text and "left in place" in caplog.text
+
+
+# ============================================================================ 2. threads that cannot start
+
+PACK_KW = dict(workers=2, progress=False, shard_size="24KiB")
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    import hashlib
+
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.iterdir()) if p.name != "manifest.json"}
+
+
+def _manifest(root: Path) -> dict:
+    m = json.loads((root / "manifest.json").read_text())
+    m.pop("created")
+    return m
+
+
+def _assert_identical(out: Path, ref: Path) -> None:
+    assert _hashes(out) == _hashes(ref)
+    assert _manifest(out) == _manifest(ref)
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory) -> tuple[Path, Path]:
+    """24 plain JPEGs (packed in this process, no pool), then 24 PNGs (the pool's work): shards of
+    the JPEGs are finished before the pool starts. Returns (src, a reference pack of it)."""
+    base = tmp_path_factory.mktemp("mixed")
+    rng = np.random.default_rng(0)
+    for i in range(24):
+        a = rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)
+        for cls, ext in (("a", "jpg"), ("b", "png")):
+            (base / "src" / cls).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(a).save(base / "src" / cls / f"{i:02d}.{ext}", **({"quality": 90} if ext == "jpg" else {}))
+    fastload.pack(base / "src", base / "ref", **PACK_KW)
+    return base / "src", base / "ref"
+
+
+def _kind(t: threading.Thread) -> str:
+    """Which of pack's threads ``t`` is."""
+    if type(t).__name__ == "_ExecutorManagerThread":
+        return "manager"
+    target = getattr(t, "_target", None)
+    name = getattr(target, "__name__", "")
+    if name == "_feed":
+        return "feeder"
+    if name == "watch":
+        return "watchdog"  # a worker process's: the patch is inherited through fork
+    return t.name.split("-")[1] if t.name.startswith("fastload-") else "other"
+
+
+def _fail_starts(monkeypatch, should_fail) -> list[str]:
+    """Make ``threading.Thread.start`` raise what CPython raises at a thread limit whenever
+    ``should_fail(kind, n)`` (n: starts so far); returns the kinds started or refused."""
+    real = threading.Thread.start
+    seen: list[str] = []
+
+    def start(self):
+        kind = _kind(self)
+        seen.append(kind)
+        if should_fail(kind, len(seen)):
+            raise RuntimeError("can't start new thread")
+        return real(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    return seen
+
+
+def _pack_or_error(src: Path, out: Path) -> PackError | None:
+    try:
+        fastload.pack(src, out, **PACK_KW)
+    except PackError as e:
+        return e
+    return None
+
+
+def _check_stopped(e: PackError, out: Path) -> None:
+    msg = str(e)
+    assert "cannot start" in msg and "--workers 1" in msg and "--resume" in msg and "pids" in msg, msg
+    assert not out.exists() and Path(f"{out}.partial").is_dir()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["manager", "feeder", "shard", "fsync", "watchdog"])
+def test_a_thread_of_pack_that_cannot_start_is_a_pack_error_or_its_work_done_inline(mixed, tmp_path, monkeypatch, capfd, kind):
+    src, ref = mixed
+    out = tmp_path / "out"
+    seen = _fail_starts(monkeypatch, lambda k, n: k == kind)
+    e = _pack_or_error(src, out)
+    if kind in ("manager", "feeder"):  # the pool cannot run: a PackError naming it (the old code hung on "feeder")
+        assert e is not None, f"no error with {kind} refused"
+        _check_stopped(e, out)
+        assert ("feeder thread" in str(e)) == (kind == "feeder"), str(e)
+        journal = json.loads((Path(f"{out}.partial") / "journal.json").read_text())
+        assert len(journal["shards"]) >= 2  # the JPEGs' shards were finished before the pool started: kept
+        monkeypatch.undo()
+        fastload.pack(src, out, resume=True, **PACK_KW)  # continues: the very dataset of an uninterrupted pack
+    else:  # a helper thread's work is done without it
+        assert e is None, f"{kind}: {e}"
+        if kind != "watchdog":
+            assert kind in seen
+    _assert_identical(out, ref)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "can't start new thread" not in err, err  # no thread traceback on stderr
+
+
+def _starts_of_a_pack(src: Path, tmp_path: Path, monkeypatch) -> int:
+    seen = _fail_starts(monkeypatch, lambda k, n: False)
+    fastload.pack(src, tmp_path / "count", **PACK_KW)
+    monkeypatch.undo()
+    return len(seen)
+
+
+@pytest.mark.timeout(600)
+def test_every_thread_start_failing_from_the_nth_on_stops_cleanly_and_resumes_identically(mixed, tmp_path, monkeypatch):
+    """A limit reached at any point of a pack: from the N-th start on, every thread start fails,
+    for every N up to all the starts a pack makes (and in forked workers, which inherit it)."""
+    src, ref = mixed
+    total = _starts_of_a_pack(src, tmp_path, monkeypatch)
+    assert total >= 6
+    outcomes = []
+    for n in range(total + 1):
+        out = tmp_path / f"out{n}"
+        _fail_starts(monkeypatch, lambda k, seen, n=n: seen > n)
+        e = _pack_or_error(src, out)
+        monkeypatch.undo()
+        if e is not None:
+            _check_stopped(e, out)
+            fastload.pack(src, out, resume=True, **PACK_KW)
+        outcomes.append(e is not None)
+        _assert_identical(out, ref)
+    assert any(outcomes) and not outcomes[-1]  # some limits stop the pool; all starts allowed: it packs
+
+
+# -- a real limit: a pids cgroup of a few tasks
+
+_CGROUP_V1 = Path("/sys/fs/cgroup/pids")
+
+
+def _cgroup_base() -> Path | None:
+    """A pids cgroup directory this process may create children in (v1's pids hierarchy, or v2)."""
+    for base in (_CGROUP_V1, Path("/sys/fs/cgroup")):
+        if not os.access(base, os.W_OK):
+            continue
+        if base == _CGROUP_V1 or "pids" in (base / "cgroup.subtree_control").read_text(errors="replace").split():
+            try:
+                probe = base / f"fastload-probe-{os.getpid()}"
+                probe.mkdir()
+                ok = (probe / "pids.max").exists()
+                probe.rmdir()
+            except OSError:
+                continue
+            if ok:
+                return base
+    return None
+
+
+_LIMITED = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    cg, extra = Path(sys.argv[1]), int(sys.argv[2])
+    from fastload.cli import main
+    (cg / "cgroup.procs").write_text(str(os.getpid()))  # this process, with its threads so far
+    (cg / "pids.max").write_text(str(int((cg / "pids.current").read_text()) + extra))  # and `extra` more tasks
+    sys.exit(main(sys.argv[3:]))
+    """
+)
+
+
+@pytest.mark.timeout(600)
+def test_pack_under_a_real_pids_cgroup_ends_with_one_line_and_resumes(mixed, tmp_path):
+    base = _cgroup_base()
+    if base is None:
+        pytest.skip("no writable pids cgroup here (needs root and /sys/fs/cgroup/pids or a v2 pids controller)")
+    src, ref = mixed
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    stopped = 0
+    for extra in (0, 1, 2, 3, 5, 8, 64):
+        cg = base / f"fastload-test-{os.getpid()}-{extra}"
+        cg.mkdir()
+        out = tmp_path / f"out{extra}"
+        try:
+            cmd = [sys.executable, "-c", _LIMITED, str(cg), str(extra), "pack", str(src), str(out),
+                   "--workers", "2", "--shard-size", "24KiB", "--no-progress"]  # fmt: skip
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)  # a hang fails here
+        finally:
+            cg.rmdir()  # the process has exited: the group is empty
+        if r.returncode != 0:
+            stopped += 1
+            assert r.returncode == 2, (extra, r.returncode, r.stderr[-2000:])
+            lines = r.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("fastload: error: pack: cannot start"), (extra, r.stderr[-2000:])
+            assert "--workers 1" in lines[0] and "--resume" in lines[0]
+            assert main(["pack", str(src), str(out), "--resume", "--workers", "2", "--shard-size", "24KiB", "--no-progress"]) == 0
+        else:
+            assert "packed 48 images" in r.stdout, (extra, r.stdout, r.stderr[-2000:])
+        _assert_identical(out, ref)
+    assert stopped >= 1

@@ -490,7 +490,10 @@ _COMMON_DOC = """
             not replace), an unfinished pack without ``resume``/``overwrite``, a resume
             with other source/options, or another pack writing the same OUT.
         BadImageError: ``on_error="fail"`` and an image was refused.
-        PackError: writing failed (disk full, ...); the unfinished pack can be resumed.
+        PackError: writing failed (disk full, ...), or a thread or process could not start
+            (a pids cgroup, ``ulimit -u``: the message names it and says how to get past it;
+            helper threads whose work can be done without them never stop a pack); the
+            unfinished pack can be resumed.
 """
 
 

@@ -13,6 +13,7 @@ from ..errors import PackError, short_message
 from ..format import ShardInfo, key, shard_name
 from ..store import file_sha256
 from .journal import fsync_dir, fsync_file
+from .workers import start_thread
 
 try:
     import lmdb
@@ -162,15 +163,14 @@ class ShardWriter:
             env.close()
         except (lmdb.Error, OSError) as e:  # pragma: no cover
             raise write_error(self._path, e) from None
-        job = threading.Thread(
-            target=self._complete,
-            args=(self._path, self.dir / shard_name(self.shard), self._first, self.index - self._first, end, self.snapshot(), self._jobs[-1:]),
-            name=f"fastload-shard-{self.shard}",
-            daemon=True,
-        )  # fmt: skip
-        self._jobs.append(job)
-        job.start()
+        args = (self._path, self.dir / shard_name(self.shard), self._first, self.index - self._first, end, self.snapshot(), self._jobs[-1:])
+        job = threading.Thread(target=self._complete, args=args, name=f"fastload-shard-{self.shard}", daemon=True)
         self.shard += 1
+        # no thread to spare (a pids limit): the shard is completed here, before the next is written
+        if start_thread(job, f"the thread completing {args[1].name}", inline=lambda: self._complete(*args)):
+            self._jobs.append(job)
+        elif self._error is not None:
+            self._raise()
 
     def _complete(self, tmp: Path, final: Path, first: int, count: int, end: int, extra: Any, before: list) -> None:
         """fsync, hash and rename a closed shard, then report it (after the previous one)."""
@@ -183,11 +183,14 @@ class ShardWriter:
                 except BaseException as e:  # a failed write-back (EIO, ENOSPC) fails the shard
                     sync_errors.append(e)
 
-            syncer = threading.Thread(target=sync, daemon=True)
-            syncer.start()  # the disk writes back while this thread hashes from the page cache
+            syncer = threading.Thread(target=sync, daemon=True, name=f"fastload-fsync-{final.name}")
+            # the disk writes back while this thread hashes from the page cache (or, with no
+            # thread to spare, first the one, then the other)
+            started = start_thread(syncer, f"the thread syncing {tmp.name}", inline=sync)
             size = tmp.stat().st_size
             digest = file_sha256(tmp)
-            syncer.join()
+            if started:
+                syncer.join()
             if sync_errors:
                 raise sync_errors[0]
             for job in before:
