@@ -389,3 +389,102 @@ def test_pack_under_a_real_pids_cgroup_ends_with_one_line_and_resumes(mixed, tmp
             assert "packed 48 images" in r.stdout, (extra, r.stdout, r.stderr[-2000:])
         _assert_identical(out, ref)
     assert stopped >= 1
+
+
+# ============================================================================ 3. sizes bounded before anything is allocated
+
+from fastload.bench import config as bench_config  # noqa: E402
+from fastload.bench.config import MAX_BATCH, MAX_CROP, BenchConfig  # noqa: E402
+from fastload.packing.images import EVAL_SHORT_SIDE, MAX_ASPECT_RATIO, RESIZE_MAX_PIXELS  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"crop": 100_000}, r"crop must be an int in \[8, 8192\] \(pixels; the loader's largest crop, MAX_CROP\), got 100000"),
+        ({"crop": MAX_CROP + 1}, r"crop must be an int in \[8, 8192\].*got 8193"),
+        ({"batch_size": 10**11}, r"batch_size must be an int in \[1, 65536\] \(samples per batch, MAX_BATCH\), got 100000000000"),
+        ({"batch_size": MAX_BATCH + 1, "crop": 8}, r"batch_size must be an int in \[1, 65536\].*got 65537"),
+        ({"batches": 10**11}, r"batches must be an int in \[1, 10000000\]"),
+        ({"train_steps": 10**8}, r"train_steps must be an int in \[0, 10000000\]"),
+        ({"epochs": 10**5}, r"epochs must be an int in \[1, 10000\]"),
+        ({"warmup": 10**7}, r"warmup must be an int in \[0, 1000000\]"),
+        ({"repeats": 10**4}, r"repeats must be an int in \[1, 1000\]"),
+        ({"workers": [10**6]}, r"workers must be .* ints in \[0, 1024\]"),
+        ({"workers": list(range(65))}, r"workers must be a non-empty list of at most 64 ints"),
+        ({"train_threads": 10**9}, r"train_threads must be an int in \[1, 1024\]"),
+        ({"sample_interval": float("inf")}, r"sample_interval must be seconds in \[0.01, 60.0\], got inf"),
+        ({"sample_interval": float("nan")}, r"sample_interval must be seconds in \[0.01, 60.0\], got nan"),
+        ({"sample_interval": 1e-9}, r"sample_interval must be seconds in \[0.01, 60.0\]"),
+    ],
+)
+def test_bench_sizes_past_their_bound_are_refused_naming_it(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        BenchConfig(**kw).validate()
+
+
+def test_bench_sizes_at_their_bound_are_accepted_and_one_batch_must_fit_in_memory(monkeypatch):
+    BenchConfig(crop=MAX_CROP, batch_size=1).validate()  # 805 MB: within a quarter of any machine running this
+    BenchConfig(crop=8, batch_size=MAX_BATCH).validate()  # 50 MB
+    BenchConfig(batches=10**7, train_steps=10**7, epochs=10**4, warmup=10**6, repeats=1000, workers=[0, 1024]).validate()
+    monkeypatch.setattr(bench_config, "memory_bytes", lambda: 1 << 30)  # a 1 GiB machine
+    BenchConfig(batch_size=445, crop=224).validate()  # 268 MB, within 25 %
+    with pytest.raises(ConfigError, match=r"batch_size 446 x crop 224x224: one float32 batch is 0.3 GB, more than 25% of "
+                       r"this machine's memory \(1.1 GB; BATCH_MEMORY_SHARE\); lower batch_size \(--batch-size\) or crop"):
+        BenchConfig(batch_size=446, crop=224).validate()
+
+
+@pytest.mark.parametrize("flag, value, match", [
+    ("--crop", "100000", "crop must be an int in [8, 8192]"),
+    ("--batch-size", str(10**11), "batch_size must be an int in [1, 65536]"),
+])  # fmt: skip
+def test_bench_cli_checks_crop_and_batch_size_before_it_opens_or_allocates_anything(tmp_path, capsys, flag, value, match):
+    # the dataset does not even exist: the size is checked first (the old code opened it, then
+    # packed the folder and asked torch for a 1.9 TB batch of random data)
+    code = main(["bench", str(tmp_path / "nothing-here"), flag, value, "--device", "cpu", "--quick", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and match in err and value in err, err
+    assert not (tmp_path / "r").exists()
+
+
+def _strip(path: Path, w: int, h: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (w, h), (9, 99, 199)).save(path, **({"quality": 90} if path.suffix == ".jpg" else {}))
+    return path
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_strip_whose_evaluation_resize_is_unbounded_is_refused_at_pack_and_one_at_the_bound_packs(tmp_path, workers):
+    assert MAX_ASPECT_RATIO == 1365 and EVAL_SHORT_SIDE == 256
+    a = tmp_path / "src" / "a"
+    refused = {
+        "65000x1.jpg": (65000, 1),  # a real 65000x1 JPEG: the old pack stored it byte for byte
+        "1366x1.jpg": (1366, 1),
+        "1x1366.jpg": (1, 1366),
+        "2731x2.png": (2731, 2),
+        "65000x1.png": (65000, 1),
+    }
+    accepted = {"1365x1.jpg": (1365, 1), "1x1365.jpg": (1, 1365), "2730x2.png": (2730, 2), "64x48.jpg": (64, 48)}
+    for name, (w, h) in {**refused, **accepted}.items():
+        _strip(a / name, w, h)
+    res = fastload.pack(tmp_path / "src", tmp_path / "out", workers=workers, progress=False)
+    reasons = {Path(s["path"]).name: s["reason"] for s in res.skipped}
+    assert set(reasons) == set(refused)
+    for name, (w, h) in refused.items():
+        r = reasons[name]
+        assert r.startswith(f"{w}x{h} pixels: aspect ratio above 1365:1 (MAX_ASPECT_RATIO)"), r
+        assert f"more than {RESIZE_MAX_PIXELS}" in r
+    assert "would make it 16640000x256 = 4259840000 pixels" in reasons["65000x1.jpg"]
+    ds = fastload.Dataset(tmp_path / "out")
+    assert sorted(Path(ds.source_path(i)).name for i in range(len(ds))) == sorted(accepted)
+    for i in range(len(ds)):
+        name = Path(ds.source_path(i)).name
+        assert (ds.header(i).width, ds.header(i).height) == accepted[name]
+    # the same bound for a dataset's arrays, and after --max-size: the stored size counts
+    arrays = [(np.zeros((1, 1366), np.uint8), 0), (np.zeros((1, 1365), np.uint8), 0)]
+    res = fastload.pack_dataset(arrays, tmp_path / "arrays", workers=workers, progress=False)
+    assert [s["path"] for s in res.skipped] == ["dataset[0]"] and "aspect ratio above 1365:1" in res.skipped[0]["reason"]
+    res = fastload.pack(tmp_path / "src", tmp_path / "shrunk", workers=workers, progress=False, max_size=1000)
+    shrunk = {Path(s["path"]).name: s["reason"] for s in res.skipped}
+    assert "65000x1.jpg" not in shrunk and "1366x1.jpg" not in shrunk  # stored 1000x1: within the bound
+    assert "65000x1.png" not in shrunk

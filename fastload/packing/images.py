@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import printable, short_message
 from ..format import (
+    DEFAULT_MAX_PIXELS,
     ENC_JPEG,
     FLAG_CONVERTED,
     FLAG_ORIENTED,
@@ -48,6 +49,17 @@ FILE_BYTES_PER_PIXEL = 8
 FILE_SLACK_BYTES = 16 << 20
 
 _EXIF_ORIENTATION = 0x0112
+#: The shorter side of the evaluation resize every stored image must survive: torchvision's
+#: ``Resize(256)``, FastLoader's default for ``crop=224``. A stored image whose resize to that
+#: shorter side would have more than :data:`RESIZE_MAX_PIXELS` pixels is refused: its aspect
+#: ratio is above :data:`MAX_ASPECT_RATIO`:1. A 65000x1 strip (which JPEG allows) would ask for
+#: a 16,640,000x256 resize, 12.8 GB of RGB; the largest accepted one, 1365x1, for 349,440x256.
+EVAL_SHORT_SIDE = 256
+#: The most pixels that resize may make: the default ``--max-pixels`` (PIL's decompression-bomb
+#: limit, 268 MB of RGB), whatever ``--max-pixels`` is (a low one is for small images, not strips).
+RESIZE_MAX_PIXELS = DEFAULT_MAX_PIXELS
+#: The aspect ratio that bound allows (1365:1).
+MAX_ASPECT_RATIO = RESIZE_MAX_PIXELS // (EVAL_SHORT_SIDE * EVAL_SHORT_SIDE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +147,27 @@ def _check_side(w: int, h: int, opts: ImageOptions, *, jpeg: bool) -> None:
     if max(fw, fh) > JPEG_MAX_SIDE:
         raise _Refused(
             f"{w}x{h} pixels: a JPEG side cannot exceed {JPEG_MAX_SIDE} pixels; shrink it with --max-size {JPEG_MAX_SIDE} or less"
+        )
+    _check_resize(w, h, fw, fh)
+
+
+def eval_resize_pixels(w: int, h: int, short: int = EVAL_SHORT_SIDE) -> tuple[int, int]:
+    """The size torchvision's ``Resize(short)`` gives a ``w x h`` image (shorter side ``short``)."""
+    if w <= h:
+        return short, int(short * h / w)
+    return int(short * w / h), short
+
+
+def _check_resize(w: int, h: int, fw: int, fh: int) -> None:
+    """Refuse a stored size ``fw x fh`` (of a ``w x h`` source) whose evaluation resize to a
+    shorter side of :data:`EVAL_SHORT_SIDE` pixels would exceed :data:`RESIZE_MAX_PIXELS`."""
+    rw, rh = eval_resize_pixels(fw, fh)
+    if rw * rh > RESIZE_MAX_PIXELS:
+        stored = f" (stored {fw}x{fh})" if (fw, fh) != (w, h) else ""
+        raise _Refused(
+            f"{w}x{h} pixels{stored}: aspect ratio above {MAX_ASPECT_RATIO}:1 (MAX_ASPECT_RATIO): resizing its shorter "
+            f"side to {EVAL_SHORT_SIDE} pixels, as an evaluation Resize({EVAL_SHORT_SIDE}) does, would make it "
+            f"{rw}x{rh} = {rw * rh} pixels, more than {RESIZE_MAX_PIXELS}; crop or split it"
         )
 
 
