@@ -1,13 +1,15 @@
-"""The resume journal of an unfinished pack, and the fsync, atomic-write and lock helpers it relies on."""
+"""The resume journal of an unfinished pack, and the fsync, atomic-write, lock and thread-start helpers it relies on."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import json
+import logging
 import os
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import FastloadError, PackError, short_message
 from ..format import ShardInfo
@@ -126,3 +128,38 @@ def hold_lock(fd: int) -> None:
 def release_lock(fd: int) -> None:
     """``fd`` no longer carries a lock (call before closing it)."""
     _HELD.discard(fd)
+
+
+# ---------------------------------------------------------------------------- threads that cannot start
+
+_log = logging.getLogger(__name__)
+
+#: What to do when a thread or process cannot start.
+LIMIT_HINT = (
+    "this process may not start more threads or processes (a pids cgroup's pids.max, systemd TasksMax, "
+    "ulimit -u, or memory): raise that limit, or pack with fewer processes (--workers 1 starts none); "
+    "continue with --resume: the finished shards are kept"
+)
+
+
+def cannot_start(what: str, e: BaseException) -> PackError:
+    """The error of a thread or process ``what`` that could not start because of ``e``."""
+    return PackError(f"pack: cannot start {what} ({type(e).__name__}: {short_message(e)}); {LIMIT_HINT}")
+
+
+def start_thread(thread: threading.Thread, what: str, *, inline: Callable[[], None] | None = None) -> bool:
+    """Start ``thread``; True if it runs.
+
+    When it cannot start (``RuntimeError: can't start new thread``), ``inline`` (the
+    thread's work, done in this thread instead) is called and False returned; without
+    ``inline`` it is a :class:`PackError` naming ``what`` with :data:`LIMIT_HINT`.
+    """
+    try:
+        thread.start()
+        return True
+    except RuntimeError as e:
+        if inline is None:
+            raise cannot_start(what, e) from None
+        _log.debug("cannot start %s (%s): doing its work in this thread", what, short_message(e))
+    inline()
+    return False

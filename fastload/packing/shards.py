@@ -12,8 +12,7 @@ from typing import Any, Callable
 from ..errors import PackError, short_message
 from ..format import ShardInfo, key, shard_name
 from ..store import file_sha256
-from .journal import fsync_dir, fsync_file
-from .workers import start_thread
+from .journal import fsync_dir, fsync_file, start_thread
 
 try:
     import lmdb

@@ -1,7 +1,8 @@
 """The worker pool: tasks in, records out in source order, whatever the number of workers.
 
 Threads and processes that cannot start (a pids cgroup of a few tasks, ``ulimit -u``,
-systemd's ``TasksMax``): every thread ``pack`` starts goes through :func:`start_thread`,
+systemd's ``TasksMax``): every thread ``pack`` starts goes through
+:func:`fastload.packing.journal.start_thread`,
 which turns Python's ``RuntimeError: can't start new thread`` into a :class:`PackError`
 naming the thread and the way out (:data:`LIMIT_HINT`); the helper threads whose work can
 be done without them (the shard writer's, a worker's watchdog) do it inline instead. The
@@ -31,6 +32,7 @@ from typing import Any, Callable, Iterator
 from ..errors import PackError, short_message
 from ..imaging import pil_settings
 from .images import ImageOptions, fast_file, process_task
+from .journal import LIMIT_HINT, cannot_start
 from .sources import Task
 
 log = logging.getLogger(__name__)
@@ -39,37 +41,6 @@ log = logging.getLogger(__name__)
 CHUNKSIZE = 16
 #: Seconds between two looks at the pool's manager thread while a result is awaited.
 POLL = 0.5
-#: What to do when a thread or process cannot start.
-LIMIT_HINT = (
-    "this process may not start more threads or processes (a pids cgroup's pids.max, systemd TasksMax, "
-    "ulimit -u, or memory): raise that limit, or pack with fewer processes (--workers 1 starts none); "
-    "continue with --resume: the finished shards are kept"
-)
-
-
-def cannot_start(what: str, e: BaseException) -> PackError:
-    """The error of a thread or process ``what`` that could not start because of ``e``."""
-    return PackError(f"pack: cannot start {what} ({type(e).__name__}: {short_message(e)}); {LIMIT_HINT}")
-
-
-def start_thread(thread: threading.Thread, what: str, *, inline: Callable[[], None] | None = None) -> bool:
-    """Start ``thread``; True if it runs.
-
-    When it cannot start (``RuntimeError: can't start new thread``), ``inline`` (the
-    thread's work, done in this thread instead) is called and False returned; without
-    ``inline`` it is a :class:`PackError` naming ``what`` with :data:`LIMIT_HINT`.
-    """
-    try:
-        thread.start()
-        return True
-    except RuntimeError as e:
-        if inline is None:
-            raise cannot_start(what, e) from None
-        log.debug("cannot start %s (%s): doing its work in this thread", what, short_message(e))
-    inline()
-    return False
-
-
 # ---------------------------------------------------------------------------- the pool's manager thread
 
 #: Pools of a live :class:`Results`: an exception ending one's manager thread is recorded
