@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import os
 import threading
 import weakref
@@ -25,9 +26,33 @@ from .errors import FastloadError, FormatError, LoaderError
 from .pipeline import GraphSpec, build_pipeline, decoder_sizing, encoded_batch, import_dali
 from .reader import Dataset, ReadAhead
 from .settings import Augment
+from .threads import probe
 
 _LIVE_CORES: "weakref.WeakSet[Core]" = weakref.WeakSet()
 _EXIT_HOOK: list[bool] = []
+#: In a forked child: the parent's cores, kept and never closed. Their threads do not exist here, and
+#: shutting down or freeing their DALI pipelines (DALI's own exit hook does both) crashes the child.
+_ABANDONED: list["Core"] = []
+
+
+def _abandon(pipe: Any) -> None:
+    """Leave a parent's DALI pipeline alone in a forked child: out of DALI's exit hook, and never freed."""
+    registry = getattr(type(pipe), "_pipes", None)  # nvidia.dali.Pipeline's weak set, shut down at exit
+    if isinstance(registry, set):
+        registry.discard(weakref.ref(pipe))
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(pipe))  # not even interpreter teardown frees it
+
+
+def _after_fork_in_child() -> None:
+    for core in list(_LIVE_CORES):
+        if core.pipe is not None:
+            _abandon(core.pipe)
+        _ABANDONED.append(core)
+    _LIVE_CORES.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _close_live_cores() -> None:
@@ -79,7 +104,13 @@ class Core:
             self._start_decode_pool()
         self.closed = False
         self.lock = threading.Lock()
+        self.pid = os.getpid()  # the process whose threads and pipeline these are
         _LIVE_CORES.add(self)
+
+    @property
+    def forked(self) -> bool:
+        """Whether this is a forked child's copy of a parent's core (nothing of it works here)."""
+        return self.pid != os.getpid()
 
     def _start_decode_pool(self) -> None:
         """CPU training crops far larger than the output are decoded at reduced scale from a pool.
@@ -104,6 +135,8 @@ class Core:
 
     def stop(self) -> None:
         """End the current run, if any (its iterator then says a newer one took over)."""
+        if self.forked:
+            return  # the parent's run: its thread does not exist here
         with self.lock:
             self.stop_locked(superseded=True)
 
@@ -116,7 +149,12 @@ class Core:
             run.shutdown()
 
     def close(self) -> None:
-        """Stop the thread, free the pipeline and the stream. Idempotent; run by the finaliser."""
+        """Stop the thread, free the pipeline and the stream. Idempotent; run by the finaliser.
+
+        In a forked child it does nothing: the parent's core is kept as it is (see ``_ABANDONED``).
+        """
+        if self.forked:
+            return
         with self.lock:
             if self.closed:
                 return
@@ -159,6 +197,9 @@ class Core:
             # the mixed decoder's buffers, sized from the dataset's recorded image sizes
             **decoder_sizing(self.dataset.manifest.stats, max_pixels=self.dataset.manifest.max_pixels).fields(),
         )
+        # DALI aborts the process when it cannot start a thread: ask for as many first (measured: a
+        # CPU pipeline of N threads starts 2N + 3; the epoch thread and a margin on top)
+        probe(2 * self.num_threads + 8, what=f"the DALI pipeline ({self.num_threads} CPU threads)")
         try:
             return build_pipeline(spec, self.source)
         except FastloadError:

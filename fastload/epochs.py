@@ -27,6 +27,7 @@ from .errors import FastloadError, LoaderError
 from .host import finish_crops
 from .pipeline import cpu_samples
 from .sampler import Batch
+from .threads import cannot_start, start_threads
 
 _END = object()
 
@@ -45,11 +46,16 @@ def start_epoch(core: Core, epoch: int, start: int) -> "EpochRun":
     """End ``core``'s current run (if any) and start producing ``epoch`` from batch ``start``."""
     with core.lock:
         core.stop_locked(superseded=True)
+        core.read_ahead.start()  # here, not first inside DALI's callback: a thread refused is an error of iter()
         if core.pipe is None:
             core.pipe = core.build()
         run = EpochRun(core, epoch, start)
-        core.run = run
-        run.start()
+        core.run = run  # before the thread starts: DALI's callback reads it
+        try:
+            run.start()
+        except LoaderError:  # its thread could not start: no run is left behind
+            core.run = None
+            raise
         return run
 
 
@@ -76,7 +82,9 @@ class EpochRun:
         self._thread = threading.Thread(target=self._produce, name=f"fastload-epoch{epoch}", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        err = start_threads([self._thread])
+        if err is not None:
+            raise cannot_start("the epoch thread", err)
 
     # ---- called by DALI (producer thread)
     def next_plan(self) -> Batch:
@@ -212,6 +220,9 @@ class EpochRun:
         self._stop.set()
         if threading.current_thread() is self._thread:
             return  # a finaliser run by the collector inside this very thread: it ends by itself
+        if self._thread.ident is None:  # never started
+            self.finished = True
+            return
         while self._thread.is_alive():
             try:
                 self._queue.get(timeout=0.05)

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
+from .threads import cannot_start, start_threads
 from .augment import eval_params
 
 #: A training crop window at least this many times the output size on both sides is decoded at
@@ -291,8 +292,10 @@ class DecodePool:
         self._threads = [threading.Thread(target=_work, args=(self._queue,), name=f"{name}-{k}", daemon=True) for k in range(threads)]
         self._closed = False
         self._pid = os.getpid()
-        for t in self._threads:
-            t.start()
+        err = start_threads(self._threads)
+        if err is not None:
+            self.close(0.0)  # the threads that did start end
+            raise cannot_start(f"the decode pool's {threads} threads", err)
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future:
         """Run ``fn(*args, **kwargs)`` in a thread; its result or exception comes in the future."""
@@ -321,7 +324,7 @@ class DecodePool:
             self._queue.put(None)
         if os.getpid() == self._pid:  # a forked child has none of these threads
             for t in self._threads:
-                if t is not threading.current_thread():
+                if t is not threading.current_thread() and t.ident is not None:  # started
                     t.join(timeout)
 
     def __del__(self) -> None:

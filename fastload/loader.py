@@ -514,6 +514,7 @@ class FastLoader:
 
     def _bind_ranks(self) -> None:
         """Take this process's rank from the process group, once it exists, if none was given."""
+        self._own_core()
         if not self._auto_ranks:
             return
         dist = torch.distributed
@@ -578,7 +579,7 @@ class FastLoader:
         another (from any thread) ends the previous one, and its next ``next()`` raises
         :class:`LoaderError` saying so instead of ending its epoch early in silence.
         """
-        self._bind_ranks()
+        self._bind_ranks()  # and a core of this process (after a fork)
         with self._iter_lock:
             if self._closed:
                 raise LoaderError("this FastLoader is closed")
@@ -589,6 +590,26 @@ class FastLoader:
 
     def _is_closed(self) -> bool:
         return self._closed
+
+    def _own_core(self) -> None:
+        """After a ``fork``: a core of this process in place of the parent's (whose threads are not here).
+
+        On the CPU the child gets a new pipeline and threads, at the position the loader stood at
+        when it forked. CUDA cannot be used in a forked child of a process that used it.
+        """
+        if not self._core.forked:
+            return
+        self._iter_lock = threading.Lock()  # a lock the parent's threads held at the fork stays held here
+        if self.device.type == "cuda":
+            raise LoaderError(
+                f"this FastLoader was made in process {self._core.pid} and is used in its forked child "
+                f"{os.getpid()}: CUDA cannot be used after fork; make the loader in the child, or start "
+                "the child with the 'spawn' method (multiprocessing.set_start_method('spawn'))"
+            )
+        self._finalizer.detach()  # the parent's core is never closed here
+        self._core = self._make_core()
+        self._finalizer = weakref.finalize(self, self._core.close)
+        log.debug("FastLoader: a new DALI pipeline in forked child %d", os.getpid())
 
     def _epoch_finished(self, run: EpochRun) -> None:
         """An iterator reached the end of its epoch: the next one reads the following epoch.

@@ -265,7 +265,12 @@ class Profiler:
                 setattr(self, attr, getattr(sampler, "reason", "") or "not available")
         self._stop.clear()
         self._thread = threading.Thread(target=self._sample_loop, name="fastload-profile", daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError as e:  # no thread to spare: the loop is measured without utilisation samples
+            self._cpu_reason = self._gpu_reason = f"no sampling thread ({e})"
+            self._cpu = self._gpu = None
+            self._thread = None
 
     def _sample_loop(self) -> None:
         while not self._stop.wait(self.sample_interval):

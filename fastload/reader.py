@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence, Type
 
 import numpy as np
 
+from .threads import cannot_start, start_threads
 from .errors import ConfigError, CorruptDataError, FormatError, as_int, printable
 from .format import (
     ENC_JPEG,
@@ -537,8 +538,10 @@ class _Workers:
         self.failed = 0  # requests that raised (the reads report why)
         self.pid = os.getpid()
         self.threads = [threading.Thread(target=self.run, name=f"fastload-readahead-{k}", daemon=True) for k in range(threads)]
-        for t in self.threads:
-            t.start()
+        err = start_threads(self.threads)
+        if err is not None:
+            self.stop(0.0)  # the threads that did start end
+            raise cannot_start(f"the read-ahead's {threads} threads", err)
 
     def run(self) -> None:
         while True:
@@ -562,7 +565,7 @@ class _Workers:
             self.queue.put(None)
         if os.getpid() == self.pid:
             for t in self.threads:
-                if t is not threading.current_thread():
+                if t is not threading.current_thread() and t.ident is not None:  # started
                     t.join(timeout)
 
 
@@ -635,6 +638,10 @@ class ReadAhead:
                     self._finalizer.detach()
                 self._finalizer = weakref.finalize(self, w.stop, 0.0)
             return w
+
+    def start(self) -> None:
+        """Start the threads now rather than on first use (a thread that cannot start: a LoaderError here)."""
+        self._pool()
 
     @property
     def requested(self) -> int:
