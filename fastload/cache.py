@@ -27,6 +27,16 @@ process opening it); they are empty. Where the file system cannot lock, a warnin
 logged and every process packs into a staging directory of its own; the first to
 finish renames it into place, the others find the entry there and discard theirs.
 
+The pixels: exactly what the dataset's own loader gives, torchvision's ``pil_loader``
+(``Image.open(f).convert("RGB")``; ``default_loader`` with the PIL backend), which applies
+no EXIF orientation and clips 16-bit samples, where ``fastload pack`` turns images upright
+and scales 16-bit ones. So the entry is packed by
+:func:`fastload.packing.run.pack_like_pil_loader`: plain JPEGs byte for byte (an EXIF
+orientation tag set to 1, the image data untouched), every other image converted by
+``convert("RGB")`` and stored as a lossless PNG. A dataset whose items that does not
+reproduce (another loader, the accimage backend, a class overriding ``__getitem__``) is
+refused by :func:`check_reproducible`, which FastLoader calls first.
+
 What is packed: a list file ``path,class name`` of the samples (written next to the
 entry, removed after), read back first by the very parser ``fastload pack`` uses to check
 that it gives back exactly these paths, labels and class names. When it would not (class
@@ -59,7 +69,7 @@ import numpy as np
 
 from .errors import BadImageError, ConfigError, FormatError, PackError, printable
 from .format import DEFAULT_MAX_PIXELS, FORMAT_VERSION, MANIFEST_NAME
-from .packing import pack, pack_dataset
+from .packing.run import PIL_LOADER_PIXELS, pack_like_pil_loader
 from .packing.images import max_file_bytes
 from .packing.journal import fsync_dir, hold_lock, release_lock
 from .packing.outdir import remove_dataset_dir
@@ -73,10 +83,12 @@ except ImportError:  # pragma: no cover - not POSIX
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CACHE_ENV", "CACHE_VERSION", "cache_entry", "cached_pack", "default_cache_dir"]
+__all__ = ["CACHE_ENV", "CACHE_VERSION", "cache_entry", "cached_pack", "check_reproducible", "default_cache_dir"]
 
 #: Bumped when what the cache packs for a dataset changes (the pack options below, the list layout).
-CACHE_VERSION = 1
+#: 2: the pixels of torchvision's pil_loader (no EXIF orientation, 16-bit clipped, converted
+#: images as lossless PNG); entries of version 1 (pack's own conversions) are never reused.
+CACHE_VERSION = 2
 #: The environment variable naming the cache directory.
 CACHE_ENV = "FASTLOAD_CACHE"
 #: Seconds between two "still waiting" log lines of a process waiting for the packer.
@@ -108,27 +120,107 @@ def _describe(dataset: Any) -> tuple[str, str | None]:
     return f"{type(dataset).__name__}({shown if shown is not None else '...'})", shown
 
 
+_PACK_IT = "pack what the dataset returns once with fastload.pack_dataset(dataset, OUT) and pass OUT to FastLoader"
+#: Methods whose override changes what ``dataset[i]`` is (``__getitems__``: what a DataLoader
+#: fetches a batch with, where a dataset has one).
+_ITEM_METHODS = ("__getitem__", "__getitems__")
+
+
+def _name(obj: Any) -> str:
+    return printable(str(getattr(obj, "__qualname__", None) or type(obj).__name__))
+
+
 def _check_loader(dataset: Any, desc: str) -> None:
-    """Refuse a custom ``loader``: FastLoader reads the files as torchvision's default loader does (RGB)."""
+    """Refuse a ``loader`` whose pixels the cache does not store: anything but torchvision's
+    ``pil_loader``, or its ``default_loader`` while the image backend is PIL."""
     loader = getattr(dataset, "loader", None)
     if loader is None:
         return
     try:
+        import torchvision
         from torchvision.datasets import folder
     except ImportError:  # pragma: no cover - a duck-typed dataset without torchvision
-        return
-    known = {getattr(folder, n, None) for n in ("default_loader", "pil_loader", "accimage_loader")} - {None}
-    if loader not in known:
-        name = getattr(loader, "__qualname__", type(loader).__name__)
         raise ConfigError(
-            f"{desc}: loads its files with a custom loader ({printable(str(name))}), whose images FastLoader cannot "
-            "reproduce: FastLoader decodes the files as RGB images like torchvision's default_loader; use the "
-            "default loader, or pack what your loader returns with fastload.pack_dataset(dataset, OUT)"
+            f"{desc}: loads its files with {_name(loader)}, and torchvision (whose default_loader the cache "
+            f"reproduces) is not importable; {_PACK_IT}"
+        ) from None
+    if loader is getattr(folder, "pil_loader", None):
+        return
+    if loader is getattr(folder, "default_loader", None):
+        backend = torchvision.get_image_backend()
+        if backend == "PIL":
+            return
+        raise ConfigError(
+            f"{desc}: torchvision's image backend is {printable(repr(backend))}, so its default_loader decodes with "
+            f"{printable(str(backend))}, whose pixels the cache does not reproduce (it stores what PIL's pil_loader "
+            f"gives); call torchvision.set_image_backend('PIL'), or {_PACK_IT}"
         )
+    if loader is getattr(folder, "accimage_loader", None):
+        raise ConfigError(
+            f"{desc}: loads its files with accimage_loader, whose pixels the cache does not reproduce (it stores "
+            f"what PIL's pil_loader gives); use the default loader with the PIL backend, or {_PACK_IT}"
+        )
+    raise ConfigError(
+        f"{desc}: loads its files with a custom loader ({_name(loader)}), whose images FastLoader cannot "
+        "reproduce: FastLoader decodes the files as RGB images like torchvision's default_loader; use the "
+        f"default loader, or {_PACK_IT}"
+    )
 
 
-def _files(dataset: Any) -> _Files:
-    desc, root = _describe(dataset)
+def _check_methods(dataset: Any, desc: str, samples: Any) -> None:
+    """Refuse a class that overrides what ``dataset[i]`` is: the cache serves ``samples``' files."""
+    try:
+        from torchvision.datasets import folder
+    except ImportError:  # pragma: no cover
+        folder = None
+    trusted = {folder.DatasetFolder, folder.ImageFolder} if folder is not None else set()
+    try:
+        import torch.utils.data as tud
+
+        trusted.add(tud.Dataset)
+    except ImportError:  # pragma: no cover
+        pass
+    cls = type(dataset)
+    for name in _ITEM_METHODS:
+        owner = next((c for c in cls.__mro__ if name in vars(c)), None)
+        if owner is None or owner is object or owner in trusted:
+            continue
+        raise ConfigError(
+            f"{desc}: {printable(owner.__qualname__)}.{name} overrides what dataset[i] gives, which the cache "
+            f"cannot reproduce (it serves the files of `samples` as torchvision's ImageFolder.__getitem__ reads them); "
+            f"{_PACK_IT}"
+        )
+    if "__len__" in {n for c in cls.__mro__ if c not in trusted and c is not object for n in vars(c)}:
+        try:
+            n = len(dataset)
+        except Exception:  # noqa: BLE001 - whatever a user's __len__ raises
+            n = None
+        if n != len(samples):
+            owner = next(c for c in cls.__mro__ if "__len__" in vars(c))
+            raise ConfigError(
+                f"{desc}: {printable(owner.__qualname__)}.__len__ gives {n!r}, not the {len(samples)} `samples` "
+                f"the cache packs, so FastLoader's indices would not be the dataset's; {_PACK_IT}"
+            )
+
+
+def check_reproducible(dataset: Any) -> None:
+    """Refuse, before anything is read or packed, a dataset whose items the cache cannot reproduce.
+
+    The cache (:func:`cached_pack`) serves ``dataset.samples``' files in order, each image the
+    pixels torchvision's ``pil_loader`` gives (``Image.open(f).convert("RGB")``: no EXIF
+    orientation, 16-bit samples clipped), with ``samples``' labels and ``classes``' names. So
+    the dataset must be file-based (a ``samples`` list of ``(path, class_index)``, as
+    ``ImageFolder``/``DatasetFolder``), load its files with torchvision's ``pil_loader``, or
+    its ``default_loader`` while the image backend is PIL (not accimage), and not override
+    ``__getitem__`` / ``__getitems__`` (nor ``__len__`` to another length than ``samples``').
+    A subclass overriding ``find_classes`` or ``make_dataset`` is fine: what they chose is in
+    ``samples`` and ``classes``, which the cache reads. Transforms are FastLoader's business.
+
+    Raises:
+        ConfigError: naming the dataset, the class and the method (or the loader), and what to
+            do instead (pack the dataset's items with ``fastload.pack_dataset``).
+    """
+    desc, _ = _describe(dataset)
     samples = getattr(dataset, "samples", None)
     if samples is None or isinstance(samples, (str, bytes)) or not hasattr(samples, "__len__"):
         raise ConfigError(
@@ -136,7 +228,14 @@ def _files(dataset: Any) -> _Files:
             "FastLoader packs ImageFolder/DatasetFolder datasets itself; for another dataset, pack it once with "
             "fastload.pack_dataset(dataset, OUT) and pass OUT to FastLoader"
         )
+    _check_methods(dataset, desc, samples)
     _check_loader(dataset, desc)
+
+
+def _files(dataset: Any) -> _Files:
+    desc, root = _describe(dataset)
+    check_reproducible(dataset)
+    samples = dataset.samples
     n = len(samples)
     if n == 0:
         raise ConfigError(f"{desc}: the dataset has no samples; nothing to pack")
@@ -375,6 +474,8 @@ def _verify(path: Path, files: _Files) -> str | None:
         m = read_manifest(path)
     except FormatError as e:
         return str(e)
+    if m.options.get("pixels") != PIL_LOADER_PIXELS:
+        return f"it was not packed with the pixels of torchvision's pil_loader (options.pixels {m.options.get('pixels')!r})"
     if m.classes != files.stored_classes:
         return f"its classes {printable(repr(m.classes))[:120]} are not the dataset's {printable(repr(files.stored_classes))[:120]}"
     if m.num_samples + len(m.skipped) != len(files.paths):
@@ -411,9 +512,9 @@ def _pack(files: _Files, entry: Path, progress: bool, *, private: bool) -> None:
         def run(**kw: Any) -> None:
             try:
                 if as_list:
-                    pack(list_path, staging, on_error="fail", progress=progress, **kw)
+                    pack_like_pil_loader(list_path, staging, on_error="fail", progress=progress, **kw)
                 else:
-                    pack_dataset(_FileBytes(files), staging, classes=files.classes, on_error="fail", progress=progress, **kw)
+                    pack_like_pil_loader(_FileBytes(files), staging, classes=files.classes, on_error="fail", progress=progress, **kw)
             except BadImageError as e:
                 raise PackError(
                     f"{files.desc}: {e}; FastLoader keeps every sample of a torchvision dataset at its own index, "

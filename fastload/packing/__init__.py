@@ -2,11 +2,11 @@
 
 One job per module, each importing only the ones below it::
 
-    run.py       pack() / pack_dataset(): options, the main loop, progress, PackResult
+    run.py       pack() / pack_dataset() / pack_like_pil_loader(): options, the main loop, progress, PackResult
     outdir.py    OUT and OUT.partial: overwrite/resume rules, shard reuse, labels, manifest, rename
     workers.py   the worker pool: tasks -> records in source order
     shards.py    ShardWriter: size rollover, temp name, fsync, hash, rename
-    journal.py   the resume journal; fsync and atomic-write helpers
+    journal.py   the resume journal; fsync, atomic-write, lock and thread-start helpers
     images.py    one image -> its stored form: JPEG header scan, EXIF, conversion, resize, limits
     sources.py   what to pack: ImageFolder scan, list files, Python datasets -> tasks
 

@@ -6,6 +6,11 @@ decoded with PIL and becomes an upright 8-bit RGB JPEG (:func:`process_task`). A
 image is ``("skip", where, reason)``, never an exception: whatever goes wrong with one
 image (an encoder limit, an odd mode, a decoder error) is that image's reason.
 
+With ``ImageOptions.pil_loader`` (the ImageFolder cache) the stored pixels are instead
+exactly torchvision's ``pil_loader``'s: no EXIF orientation (a plain JPEG keeps its bytes,
+its orientation tag set to 1: :func:`upright_tag`), PIL's own ``convert("RGB")``, and every
+converted image a lossless PNG (encoding 2).
+
 Only regular files are read (opened non-blocking and checked with ``fstat``, so a FIFO or
 a device is refused, never waited on), and only up to :func:`max_file_bytes`.
 """
@@ -25,6 +30,7 @@ from ..errors import printable, short_message
 from ..format import (
     DEFAULT_MAX_PIXELS,
     ENC_JPEG,
+    ENC_PNG,
     FLAG_CONVERTED,
     FLAG_ORIENTED,
     FLAG_PROGRESSIVE,
@@ -70,6 +76,11 @@ class ImageOptions:
     quality: int = 95
     baseline: bool = False
     max_pixels: int = 89_478_485
+    #: Store exactly the pixels torchvision's ``pil_loader`` gives (``Image.open(f).convert("RGB")``):
+    #: no EXIF orientation applied (a plain JPEG's orientation tag is set to 1 instead, its
+    #: bytes otherwise kept), 16-bit samples clipped as PIL's ``convert`` clips them, and every
+    #: converted image stored losslessly as PNG. For the ImageFolder cache (:mod:`fastload.cache`).
+    pil_loader: bool = False
 
 
 def max_file_bytes(max_pixels: int) -> int:
@@ -131,6 +142,19 @@ def _encode_jpeg(im: Any, quality: int) -> bytes:
     return buf.getvalue()
 
 
+#: zlib level of the lossless PNGs (``pil_loader``): decoding costs the same at every level;
+#: level 1 encodes several times faster than PIL's default 6, for files a little larger.
+PNG_COMPRESS_LEVEL = 1
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _encode_png(im: Any) -> bytes:
+    """8-bit RGB PNG, lossless: decoded, it is ``im`` pixel for pixel (no metadata kept)."""
+    buf = io.BytesIO()
+    im.save(buf, "PNG", compress_level=PNG_COMPRESS_LEVEL)
+    return buf.getvalue()
+
+
 def _check_size(w: int, h: int, opts: ImageOptions) -> None:
     if w <= 0 or h <= 0:
         raise _Refused(f"invalid image size {w}x{h}")
@@ -186,6 +210,12 @@ def _finish(im: Any, opts: ImageOptions, flags: int, orientation: int, orig: tup
     """
     from PIL import Image
 
+    if opts.pil_loader:  # as torchvision's pil_loader: no EXIF orientation, PIL's own conversion
+        orientation = 1
+        try:
+            im = im.convert("RGB")
+        except ValueError as e:  # pil_loader raises the same
+            raise _Refused(f"cannot convert mode {im.mode} to RGB ({short_message(e)}), nor can torchvision's pil_loader") from None
     if orientation != 1:
         im = im.transpose(Image.Transpose(_TRANSPOSE[orientation]))
         flags |= FLAG_ORIENTED
@@ -196,7 +226,8 @@ def _finish(im: Any, opts: ImageOptions, flags: int, orientation: int, orig: tup
         if im.size != target:
             im = im.resize(target, Image.Resampling.LANCZOS)
         flags |= FLAG_RESIZED
-    return _encode_jpeg(im, opts.quality), flags & ~FLAG_PROGRESSIVE, im.size[0], im.size[1]
+    payload = _encode_png(im) if opts.pil_loader else _encode_jpeg(im, opts.quality)
+    return payload, flags & ~FLAG_PROGRESSIVE, im.size[0], im.size[1]
 
 
 _SIGNATURES = (
@@ -269,6 +300,10 @@ def _from_jpeg(raw: bytes, im: Any, opts: ImageOptions, sof: int | None) -> tupl
     plain = im.mode == "RGB" and getattr(im, "bits", 8) == 8 and sof in _SOF_PASSTHROUGH and _one_frame_of(raw, w, h)
     if plain and orientation == 1 and not shrink and not (opts.baseline and progressive):
         return raw, (FLAG_PROGRESSIVE if progressive else 0), w, h, w, h
+    if plain and opts.pil_loader and not shrink and not (opts.baseline and progressive):
+        # pil_loader does not turn it: the same bytes, its EXIF orientation tag set to 1 (the
+        # DCT data untouched, so every decoder gives what pil_loader gives, and none turns it)
+        return upright_tag(raw), (FLAG_PROGRESSIVE if progressive else 0), w, h, w, h
     flags = 0
     if not plain or (opts.baseline and progressive):
         flags |= FLAG_CONVERTED
@@ -404,6 +439,57 @@ def _exif_orientation(b: memoryview, t: int, end: int) -> int | None:
         if tag == _EXIF_ORIENTATION:
             return struct.unpack_from(e + "H", b, p + 12 * k + 8)[0] if typ == 3 else None
     return 1
+
+
+def _orientation_entry(b: bytes, t: int, end: int) -> tuple[int, str] | None:
+    """Where the value of the Orientation entry (a SHORT) of an Exif TIFF structure at
+    ``b[t:end]`` is, with its byte order; None if it has none or is unreadable."""
+    if end - t < 8:
+        return None
+    order = b[t : t + 2]
+    e = "<" if order == b"II" else ">" if order == b"MM" else None
+    if e is None:
+        return None
+    (ifd,) = struct.unpack_from(e + "I", b, t + 4)
+    p = t + ifd
+    if ifd < 8 or p + 2 > end:
+        return None
+    (count,) = struct.unpack_from(e + "H", b, p)
+    p += 2
+    if p + 12 * count > end:
+        return None
+    for k in range(count):
+        tag, typ, n = struct.unpack_from(e + "HHI", b, p + 12 * k)
+        if tag == _EXIF_ORIENTATION:
+            return (p + 12 * k + 8, e) if typ == 3 and n == 1 else None
+    return None
+
+
+def upright_tag(raw: bytes) -> bytes:
+    """``raw`` (a JPEG) with the Orientation tag of its first Exif segment (the one PIL reads)
+    set to 1, everything else byte for byte; ``raw`` itself when it has no such tag."""
+    b, i, n = raw, 2, len(raw)
+    while i + 4 <= n and b[i] == 0xFF:
+        m = b[i + 1]
+        if m == 0xFF:
+            i += 1
+            continue
+        if 0xD0 <= m <= 0xD8 or m == 0x01:
+            i += 2
+            continue
+        if m in (0xD9, 0xDA):
+            break
+        length = (b[i + 2] << 8) | b[i + 3]
+        if m == 0xE1 and b[i + 4 : i + 10] == b"Exif\0\0":
+            found = _orientation_entry(b, i + 10, min(n, i + 2 + length))
+            if found is None:
+                return raw
+            at, e = found
+            out = bytearray(raw)
+            struct.pack_into(e + "H", out, at, 1)
+            return bytes(out)
+        i += 2 + length
+    return raw
 
 
 def scan_jpeg(b: memoryview) -> tuple[int, int, bool] | None:
@@ -568,8 +654,9 @@ def _fast_file(task: Task, opts: ImageOptions) -> bytes | bytearray | tuple | No
 
 def _record(out: tuple[bytes, int, int, int, int, int], label: int, name: str) -> bytes:
     payload, flags, sw, sh, ow, oh = out
+    encoding = ENC_PNG if payload[:8] == PNG_SIGNATURE else ENC_JPEG  # PNG: only the lossless pil_loader payloads
     return encode_record(
-        payload, label=label, encoding=ENC_JPEG, width=sw, height=sh, orig_width=ow, orig_height=oh, flags=flags, path=name
+        payload, label=label, encoding=encoding, width=sw, height=sh, orig_width=ow, orig_height=oh, flags=flags, path=name
     )
 
 

@@ -221,6 +221,7 @@ def _settings(
     baseline: Any,
     max_pixels: Any,
     progress: Any,
+    pil_loader: bool = False,
 ) -> _Settings:
     if lmdb is None:  # pragma: no cover
         from ..errors import DependencyError
@@ -239,6 +240,7 @@ def _settings(
         max_pixels=_int_option(
             max_pixels, "max_pixels (--max-pixels)", 1, limit=MAX_PIXELS, why=f" ({MAX_SIDE}x{MAX_SIDE}), the most pixels a stored JPEG can have"
         ),
+        pil_loader=bool(pil_loader),
     )  # fmt: skip
     return _Settings(
         out=_out_path(out),
@@ -327,7 +329,7 @@ class PackResult:
 
 
 def _options_json(shard_size: int, opts: ImageOptions) -> dict[str, Any]:
-    return {
+    d = {
         "shard_size": shard_size,
         "max_size": opts.max_size,
         "quality": opts.quality,
@@ -335,6 +337,13 @@ def _options_json(shard_size: int, opts: ImageOptions) -> dict[str, Any]:
         "max_pixels": opts.max_pixels,
         "format_version": FORMAT_VERSION,
     }
+    if opts.pil_loader:  # only then: every other pack's options (and journals) stay as they were
+        d["pixels"] = PIL_LOADER_PIXELS
+    return d
+
+
+#: ``options.pixels`` of a pack made by :func:`pack_like_pil_loader`.
+PIL_LOADER_PIXELS = "torchvision pil_loader"
 
 
 
@@ -556,7 +565,43 @@ def pack_dataset(
     return _run(source, settings)
 
 
+def pack_like_pil_loader(
+    src: Any,
+    out: str | os.PathLike,
+    *,
+    classes: Sequence[str] | None = None,
+    **options: Any,
+) -> PackResult:
+    """Pack so that every stored image decodes to exactly what torchvision's ``pil_loader``
+    (``Image.open(f).convert("RGB")``, what ``ImageFolder`` gives) makes of its source.
+
+    ``src`` is a folder or list file (as for :func:`pack`), or a map-style dataset of
+    ``(encoded bytes, label)`` items with ``classes`` (as for :func:`pack_dataset`).
+    ``options`` are :func:`pack`'s. Plain JPEGs are stored byte for byte (one with an EXIF
+    orientation too, its orientation tag set to 1: ``pil_loader`` does not turn it, nor does
+    any fastload decoder); every other image is decoded by PIL, converted by
+    ``convert("RGB")`` as ``pil_loader`` converts it (16-bit samples clipped, alpha dropped,
+    no EXIF orientation) and stored as a lossless PNG (``encoding`` 2), so its decode is
+    ``pil_loader``'s pixels exactly. The manifest's ``options.pixels`` says so. Used by the
+    ImageFolder cache (:func:`fastload.cache.cached_pack`).
+    """
+    kw: dict[str, Any] = dict(
+        workers=None, shard_size="1GB", on_error="skip", overwrite=False, resume=False, max_size=None,
+        quality=95, baseline=False, max_pixels=89_478_485, progress=True,
+    )  # fmt: skip
+    unknown = sorted(set(options) - set(kw))
+    if unknown:
+        raise ConfigError(f"pack_like_pil_loader: unknown option(s) {', '.join(unknown)}")
+    kw.update(options)
+    settings = _settings(out, pil_loader=True, **kw)
+    if isinstance(src, (str, bytes, os.PathLike)):
+        source = open_source(src, on_error=settings.on_error)
+    else:
+        source = DatasetSource(src, classes)
+    return _run(source, settings)
+
+
 pack.__doc__ = (pack.__doc__ or "") + _COMMON_DOC
 pack_dataset.__doc__ = (pack_dataset.__doc__ or "") + _COMMON_DOC
 
-__all__ = ["pack", "pack_dataset", "PackResult", "parse_size", "Progress"]
+__all__ = ["pack", "pack_dataset", "pack_like_pil_loader", "PackResult", "parse_size", "Progress", "PIL_LOADER_PIXELS"]
