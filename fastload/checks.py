@@ -22,6 +22,7 @@ from .format import (
 from .imaging import pil_settings
 from .reader import claimed_samples_problem, read_manifest
 from .store import (
+    DamagedShardError,
     HeaderStats,
     check_shard_structure,
     file_problem,
@@ -32,11 +33,6 @@ from .store import (
     read_regular,
     stat_regular,
 )
-
-try:
-    import lmdb
-except ImportError:  # pragma: no cover
-    lmdb = None
 
 #: Bad samples named per shard before the rest are only counted.
 MAX_PROBLEMS_PER_SHARD = 20
@@ -66,10 +62,10 @@ def inspect(path: str | os.PathLike) -> dict[str, Any]:
         if size != s.bytes:
             raise CorruptDataError(f"{p}: {size} bytes, the manifest says {s.bytes}; run `fastload verify {root}`")
         try:
-            for _i, h in iter_headers(p):
+            for _i, h in iter_headers(p):  # pread, never a map: a shard cut short meanwhile is an error, not SIGBUS
                 stats.add(h)
-        except lmdb.Error as e:
-            raise CorruptDataError(f"{p}: unreadable shard ({e}); run `fastload verify {root}`") from None
+        except DamagedShardError as e:
+            raise CorruptDataError(f"{e}; run `fastload verify {root}`") from None
         except OSError as e:
             raise FormatError(f"{p}: cannot read shard: it {file_problem(e)}; run `fastload verify {root}`") from None
     st = stats.to_json()
@@ -227,7 +223,7 @@ def verify(path: str | os.PathLike, *, decode: bool = False) -> VerifyReport:
             continue
         if size != s.bytes:
             problems.append(f"bad shard {shown}: {size} bytes, the manifest says {s.bytes} (truncated or replaced)")
-            continue  # opening a short file through mmap can crash the process
+            continue  # its records cannot be where the manifest's hash says they are
         try:
             digest = file_sha256(p)
         except OSError as e:
@@ -241,9 +237,10 @@ def verify(path: str | os.PathLike, *, decode: bool = False) -> VerifyReport:
                 continue
         bad: list[str] = []
         expected = s.first
+        scanned = False
         try:
-            with open_shard_readonly(p) as env:
-                for i, v in iter_records(env, shown):
+            with open_shard_readonly(p, size) as scan:  # pread, never a map: a shard cut short meanwhile is a problem, not SIGBUS
+                for i, v in iter_records(scan, shown):
                     where = f"sample {i} in {shown}"
                     if i != expected:
                         bad.append(f"{where}: unexpected key (expected sample {expected})")
@@ -267,13 +264,14 @@ def verify(path: str | os.PathLike, *, decode: bool = False) -> VerifyReport:
                                 raise CorruptDataError(f"{where}: {why}")
                     except FastloadError as e:
                         bad.append(str(e))
-        except lmdb.Error as e:
-            bad.append(f"bad shard {shown}: unreadable LMDB ({e})")
+            scanned = True
+        except DamagedShardError as e:  # damaged, or cut short or replaced since it was hashed
+            bad.append(f"bad shard {shown}: damaged LMDB structure ({printable(e.problem)})")
         except OSError as e:
             bad.append(f"bad shard {shown}: cannot open it ({file_problem(e)})")
         except FastloadError as e:
             bad.append(f"bad shard {shown}: {e}")
-        if expected != s.first + s.count:
+        if scanned and expected != s.first + s.count:
             bad.append(f"bad shard {shown}: holds samples {s.first}..{expected - 1}, the manifest says {s.first}..{s.first + s.count - 1}")
         problems.extend(bad[:MAX_PROBLEMS_PER_SHARD])
         if len(bad) > MAX_PROBLEMS_PER_SHARD:

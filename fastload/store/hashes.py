@@ -1,8 +1,9 @@
 """Whole shard files scanned: SHA-256 hashes, records and headers in key order, header statistics.
 
 For ``inspect``, ``verify``, a resumed pack and the manifest's ``stats``: each scan opens a
-regular file (:func:`~fastload.store.files.open_regular`) and, before LMDB reads a shard,
-checks its structure (:func:`~fastload.store.btree.check_fd_structure`).
+regular file (:func:`~fastload.store.files.open_regular`); records are read with ``pread``
+through the checked B-tree reader (:class:`~fastload.store.btree.ShardScan`), never through
+LMDB's memory map.
 """
 
 from __future__ import annotations
@@ -23,38 +24,13 @@ from ..format import (
     FLAG_ORIENTED,
     FLAG_PROGRESSIVE,
     FLAG_RESIZED,
+    HEADER_SIZE,
     KEY,
     RecordHeader,
     decode_header,
 )
-from .btree import check_fd_structure
+from .btree import ShardScan
 from .files import open_regular
-
-try:  # lmdb is a hard dependency; keep the hint readable anyway
-    import lmdb
-except ImportError:  # pragma: no cover - exercised only without lmdb
-    lmdb = None
-
-
-_PROC_FD = os.path.isdir("/proc/self/fd")  # Linux: /proc/self/fd/N reopens the very file behind N
-
-
-def _lmdb_open(fd: int, path: str, **kw: Any) -> "lmdb.Environment":
-    """A read-only LMDB environment of exactly the file behind ``fd``.
-
-    LMDB opens ``/proc/self/fd/N`` (where there is one), so it maps the file that was checked
-    even if ``path`` is replaced meanwhile. py-lmdb tells open files apart by ``realpath``,
-    which resolves that name to the file's own: a second handle of one file is still refused.
-    LMDB's errors name ``path``.
-    """
-    name = f"/proc/self/fd/{fd}" if _PROC_FD else path
-    try:
-        return lmdb.open(name, subdir=False, readonly=True, lock=False, readahead=False, **kw)
-    except lmdb.Error as e:
-        if name == path:
-            raise
-        raise type(e)(str(e).replace(repr(name.encode()), path).replace(name, path)) from None
-
 
 def file_sha256(path: str | os.PathLike) -> str:
     """SHA-256 of a regular file (read in 4 MiB blocks).
@@ -72,56 +48,72 @@ def file_sha256(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-
 @contextlib.contextmanager
-def open_shard_readonly(path: str | os.PathLike) -> Iterator[Any]:
-    """A read-only LMDB environment of one shard file, closed afterwards (for scans: inspect, verify, resume).
+def open_shard_readonly(path: str | os.PathLike, size: int | None = None) -> Iterator[ShardScan]:
+    """A :class:`~fastload.store.btree.ShardScan` of one shard file, closed afterwards (for scans: inspect, verify, resume).
 
-    The structure check (:func:`check_shard_structure`, without the manifest's keys) and
-    LMDB read the same file, through one descriptor.
+    Read with ``pread`` and checked page by page, never through a memory map: a shard
+    damaged, or cut short while it is read, is a :class:`~fastload.store.btree.DamagedShardError`, not SIGBUS.
+    With ``size``, the file must still have that many bytes.
 
     Raises:
-        CorruptDataError: the file's LMDB structure is damaged (reading it could crash).
+        DamagedShardError: the file's LMDB structure is damaged (a ``CorruptDataError``).
         OSError: the file cannot be opened, or is not a regular file (:class:`UnusableFileError`).
-        lmdb.Error: LMDB cannot open the file.
     """
-    p = str(path)
-    fd, st = open_regular(p)
-    try:
-        problem = check_fd_structure(fd, st, st.st_size, None)
-        if problem:  # LMDB would read outside the file (and die of SIGBUS): refuse instead
-            raise CorruptDataError(f"{p}: damaged shard ({problem})")
-        env = _lmdb_open(fd, p)
-    finally:
-        os.close(fd)
-    try:
-        yield env
-    finally:
-        env.close()
+    with ShardScan(path, size) as scan:
+        yield scan
 
 
-def iter_records(env: Any, where: str) -> Iterator[tuple[int, memoryview]]:
-    """``(global index, value)`` of every record of an open shard, in key order."""
-    with env.begin(buffers=True) as txn:
-        for k, v in txn.cursor():
-            if len(k) != KEY.size:
-                raise CorruptDataError(f"{where}: record key of {len(k)} bytes (expected {KEY.size})")
-            (i,) = KEY.unpack(bytes(k))
-            yield i, v
+def iter_records(scan: ShardScan, where: str) -> Iterator[tuple[int, bytes | memoryview]]:
+    """``(global index, value)`` of every record of an open shard (:func:`open_shard_readonly`), in key order.
+
+    Raises:
+        CorruptDataError: a key is not 8 bytes; :class:`~fastload.store.btree.DamagedShardError`
+            as :meth:`~fastload.store.btree.ShardScan.records`.
+    """
+    for i, v, _n in _indexed(scan.records(), where):
+        yield i, v
+
+
+def _indexed(records: Iterator[tuple[bytes, Any, int]], where: str) -> Iterator[tuple[int, Any, int]]:
+    for k, v, n in records:
+        if len(k) != KEY.size:
+            raise CorruptDataError(f"{where}: record key of {len(k)} bytes (expected {KEY.size})")
+        (i,) = KEY.unpack(k)
+        yield i, v, n
+
+
+class _Head(bytes):
+    """The first bytes of a stored value whose ``len()`` is the whole value's, so that
+    :func:`~fastload.format.decode_header` checks the header's lengths against the value
+    without the rest of it having been read."""
+
+    length: int
+
+    def __new__(cls, head: bytes | memoryview, length: int) -> "_Head":
+        obj = super().__new__(cls, head)
+        obj.length = length
+        return obj
+
+    def __len__(self) -> int:
+        return self.length
 
 
 def iter_headers(path: str | os.PathLike) -> Iterator[tuple[int, RecordHeader]]:
     """``(global index, header)`` of every record of one shard file, in key order.
 
+    Read with ``pread`` (:class:`~fastload.store.btree.ShardScan`), never through a memory
+    map; of a record in overflow pages only its header is read.
+
     Raises:
-        lmdb.Error: the file is not a readable LMDB environment.
-        CorruptDataError: a record header or key is malformed.
+        CorruptDataError: a record header or key is malformed, or the file's structure is
+            damaged or it became shorter while it was read (:class:`~fastload.store.btree.DamagedShardError`).
+        OSError: the file cannot be opened, or is not a regular file.
     """
     p = str(path)
-    with open_shard_readonly(p) as env:
-        for i, v in iter_records(env, p):
-            yield i, decode_header(v, where=f"{p} sample {i}")
-
+    with open_shard_readonly(p) as scan:
+        for i, v, n in _indexed(scan.records(head=HEADER_SIZE), p):
+            yield i, decode_header(v if len(v) == n else _Head(v, n), where=f"{p} sample {i}")
 
 
 class HeaderStats:
