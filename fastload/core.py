@@ -23,6 +23,7 @@ import torch
 
 from .augment import eval_params, train_params
 from .errors import FastloadError, FormatError, LoaderError
+from .format import DEFAULT_MAX_PIXELS
 from .pipeline import GraphSpec, build_pipeline, decoder_sizing, encoded_batch, import_dali
 from .reader import Dataset, ReadAhead
 from .settings import Augment
@@ -66,6 +67,25 @@ def register_exit_hook() -> None:
     if not _EXIT_HOOK:
         atexit.register(_close_live_cores)
         _EXIT_HOOK.append(True)
+
+
+#: The most pixels an evaluation resize may produce for one image (format.DEFAULT_MAX_PIXELS, PIL's bomb limit).
+MAX_RESIZE_PIXELS = DEFAULT_MAX_PIXELS
+
+#: Why an iterator ended before its epoch did: what its next ``next()`` raises (a LoaderError).
+SUPERSEDED = (
+    "this FastLoader iterator was ended by a newer iter() of the same loader (one live iterator "
+    "per loader): iterate it from one place, or make one FastLoader per consumer"
+)
+CLOSED = "this FastLoader was closed while it was being iterated: its epoch was not read to its end"
+RESUMED = (
+    "this FastLoader iterator was ended by load_state_dict(), which moved the loader to the saved position: "
+    "call iter(loader) again to read on from there"
+)
+REBOUND = (
+    "this FastLoader iterator was ended when the loader took its rank from the process group that was "
+    "initialised after iter(): call iter(loader) again (or create the process group before iterating)"
+)
 
 
 class Core:
@@ -133,19 +153,19 @@ class Core:
         if all(v is None or v >= REDUCED_SCALE_RATIO * self.crop for v in sides):
             self.decode_pool, self.decode_pool_pid = DecodePool(self.num_threads), os.getpid()
 
-    def stop(self) -> None:
-        """End the current run, if any (its iterator then says a newer one took over)."""
+    def stop(self, why: str) -> None:
+        """End the current run, if any; its iterator's next ``next()`` raises a LoaderError saying ``why``."""
         if self.forked:
             return  # the parent's run: its thread does not exist here
         with self.lock:
-            self.stop_locked(superseded=True)
+            self.stop_locked(why)
 
-    def stop_locked(self, *, superseded: bool) -> None:
+    def stop_locked(self, why: str) -> None:
         """:meth:`stop` with :attr:`lock` held by the caller."""
         run, self.run = self.run, None
         if run is not None:
-            if superseded and not run.finished:
-                run.superseded = True
+            if not run.finished:
+                run.ended_by = why
             run.shutdown()
 
     def close(self) -> None:
@@ -159,7 +179,7 @@ class Core:
             if self.closed:
                 return
             self.closed = True
-            self.stop_locked(superseded=False)
+            self.stop_locked(CLOSED)
             self.read_ahead.close()
             pool, self.decode_pool = self.decode_pool, None
             if pool is not None:  # not waited for: the finaliser may run in one of its threads
@@ -233,6 +253,7 @@ class Core:
             widths[k], heights[k] = PLACEHOLDER_SIDE, PLACEHOLDER_SIDE
         if not self.train:
             sizes, corners = eval_params(widths, heights, resize=self.resize, crop=self.crop)
+            self._refuse_huge_resizes(run, batch, enc, widths, heights, sizes, corners)
             return (encoded_batch(enc), sizes, corners)
         a = self.augment
         boxes, flips = train_params(
@@ -246,6 +267,26 @@ class Core:
             run.flips.append((flips, self._submit_reduced(enc, boxes, widths, heights, anchors, shapes, rb.errors)))
             return (encoded_batch(enc), anchors, shapes)
         return (encoded_batch(enc), anchors, shapes, flips)
+
+    def _refuse_huge_resizes(self, run: Any, batch: Any, enc: list, widths, heights, sizes, corners) -> None:
+        """Evaluation resizes of more than :data:`MAX_RESIZE_PIXELS` fail alone, named, at their turn.
+
+        (A 65000x1 strip would ask DALI for a 16,640,000 x 256 resize: 12.8 GB.) ``pack`` refuses such
+        images now; datasets packed before may hold them.
+        """
+        pixels = sizes[:, 0].astype(np.float64) * sizes[:, 1]
+        for k in np.flatnonzero(pixels > MAX_RESIZE_PIXELS).tolist():
+            i = int(batch.indices[k])
+            if batch.number not in run.errors:
+                run.errors[batch.number] = LoaderError(
+                    f"{self.dataset.where(i)}: its {int(widths[k])}x{int(heights[k])} image would be resized to "
+                    f"{int(sizes[k, 1])}x{int(sizes[k, 0])} for evaluation, over {MAX_RESIZE_PIXELS:,} pixels; "
+                    "repack it with `fastload pack --max-size`, or leave such strips out"
+                )
+            enc[k] = placeholder_jpeg()
+            widths[k] = heights[k] = PLACEHOLDER_SIDE
+            sizes[k] = (self.resize, self.resize)
+            corners[k] = (int(round((self.resize - self.crop) / 2.0)),) * 2
 
     def _submit_reduced(self, enc: list, boxes: np.ndarray, widths, heights, anchors, shapes, failed) -> dict[int, Any]:
         """Send the crops to decode at reduced scale to the pool; DALI decodes a placeholder for each.

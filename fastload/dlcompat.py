@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, Sampler
 
-from .errors import ConfigError
-from .sampler import Batch
+from .errors import ConfigError, printable
+from .sampler import Batch, check_batch
 
 if TYPE_CHECKING:  # pragma: no cover
     from .sampler import EpochSampler
@@ -184,9 +184,7 @@ class SamplerPlan:
         self.num_samples = num_samples
         self.rank = rank
         self.world_size = world_size
-        self.max_batch = getattr(batch_sampler, "batch_size", None)
-        if not isinstance(self.max_batch, int) or self.max_batch < 1:
-            self.max_batch = max((len(b) for b in batch_sampler), default=1)
+        self.max_batch = check_batch(_largest_batch(batch_sampler), what="the sampler's largest batch")
         self.resumed = None  # EpochSampler's attribute; a user's sampler is never re-shared
         self.stateful = stateful_sampler(batch_sampler)
         self.replayable = replayable_sampler(batch_sampler)
@@ -218,18 +216,48 @@ class SamplerPlan:
         pos = 0
         plans = []
         for number, batch in enumerate(self.batch_sampler):
-            idx = np.fromiter((as_index("sampler", i) for i in batch), dtype=np.int64, count=len(batch))
-            n = len(idx)
+            values = [as_index("sampler", i) for i in _sized_batch(batch)]
+            n = len(values)
             if n == 0 or n > self.max_batch:
-                raise ConfigError(f"batch_sampler yielded a batch of {n} indices; expected 1..{self.max_batch}")
-            if idx.min() < 0 or idx.max() >= self.num_samples:
-                bad = int(idx[(idx < 0) | (idx >= self.num_samples)][0])
-                raise ConfigError(f"sampler yielded index {bad}, outside the dataset's 0..{self.num_samples - 1}")
+                raise ConfigError(
+                    f"batch_sampler yielded a batch of {n} indices (batch {number}); expected 1..{self.max_batch}"
+                    + (": a DataLoader cannot collate an empty batch either" if n == 0 else "")
+                )
+            bad = [i for i in values if not 0 <= i < self.num_samples]
+            if bad:
+                raise ConfigError(f"sampler yielded index {bad[0]}, outside the dataset's 0..{self.num_samples - 1}")
+            idx = np.array(values, dtype=np.int64)
             positions = (np.arange(pos, pos + n, dtype=np.int64) * self.world_size) + self.rank
             pos += n
             if number >= start:
                 plans.append(Batch(number, idx, positions))
         return iter(plans)
+
+
+def _sized_batch(batch: Any) -> Sequence[Any]:
+    """One batch a batch sampler yielded, as a sequence of what should be sample indices."""
+    if isinstance(batch, (list, tuple, range)):
+        return batch
+    if isinstance(batch, (np.ndarray, torch.Tensor)) and batch.ndim == 1:
+        return batch.tolist()
+    raise ConfigError(
+        f"batch_sampler yielded {printable(repr(batch))[:60]} ({type(batch).__name__}), not a list of sample indices"
+    )
+
+
+def _largest_batch(batch_sampler: Any) -> int:
+    """The most indices one batch of ``batch_sampler`` holds (what DALI's pipeline is sized for).
+
+    A ``BatchSampler``'s ``batch_size`` is bounded by its sampler's length (``DataLoader(ds, 10**7,
+    sampler=[0, 1, 2])`` makes one batch of 3); any other batch sampler is measured by iterating it.
+    """
+    size = getattr(batch_sampler, "batch_size", None)
+    if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
+        try:
+            return max(1, min(size, len(batch_sampler.sampler)))
+        except (AttributeError, TypeError):
+            return size
+    return max((len(_sized_batch(b)) for b in batch_sampler), default=1) or 1
 
 
 def _has_state(obj: Any) -> bool:
@@ -276,8 +304,13 @@ def user_batch_sampler(
         return None
     if shuffle:
         raise ConfigError("sampler option is mutually exclusive with shuffle (as in DataLoader)")
-    if isinstance(sampler, (list, tuple, range, np.ndarray, torch.Tensor)):
-        sampler = list(np.asarray(sampler).reshape(-1).tolist())
+    if isinstance(sampler, (np.ndarray, torch.Tensor)):
+        kind = str(sampler.dtype)
+        if not any(k in kind for k in ("int", "uint")) or "bool" in kind:
+            raise ConfigError(f"sampler is an array of {kind}; sample indices are integers")
+        sampler = np.asarray(sampler).reshape(-1).tolist()
+    elif isinstance(sampler, (list, tuple, range)):
+        sampler = [as_index("sampler", i) for i in sampler]
     return BatchSampler(sampler, batch_size, drop_last)
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .core import Core
+from .core import CLOSED, SUPERSEDED, Core
 from .errors import FastloadError, LoaderError
 from .host import finish_crops
 from .pipeline import cpu_samples
@@ -31,10 +31,6 @@ from .threads import cannot_start, start_threads
 
 _END = object()
 
-SUPERSEDED = (
-    "this FastLoader iterator was ended by a newer iter() of the same loader (one live iterator "
-    "per loader): iterate it from one place, or make one FastLoader per consumer"
-)
 
 
 class _Failure:
@@ -45,7 +41,7 @@ class _Failure:
 def start_epoch(core: Core, epoch: int, start: int) -> "EpochRun":
     """End ``core``'s current run (if any) and start producing ``epoch`` from batch ``start``."""
     with core.lock:
-        core.stop_locked(superseded=True)
+        core.stop_locked(SUPERSEDED)
         core.read_ahead.start()  # here, not first inside DALI's callback: a thread refused is an error of iter()
         if core.pipe is None:
             core.pipe = core.build()
@@ -71,7 +67,7 @@ class EpochRun:
         self.first = start
         self.yielded = start
         self.finished = False
-        self.superseded = False  # a newer iter() of the same loader took over
+        self.ended_by: str | None = None  # why it was stopped before the end of its epoch (core.SUPERSEDED...)
         self._plan = core.read_ahead.ahead(core.plan.batches(epoch, start))
         self._inflight: collections.deque[Batch] = collections.deque()
         self.read_buffer: np.ndarray | None = None  # Dataset.read_batch's, reused by DALI's callback
@@ -257,27 +253,37 @@ class EpochIterator:
         self._run = run
         self._device = device
         self._on_end, self._is_closed, self._length = on_end, is_closed, length
-        self._told = False  # the "ended by a newer iter()" error was raised
+        self._told = False  # the error saying why the run ended early was raised
         weakref.finalize(self, run.request_stop)
 
     def __iter__(self) -> "EpochIterator":
         return self
 
+    def _ended_early(self) -> LoaderError | None:
+        """The error for a run stopped before its end: every time after ``close()``, once otherwise."""
+        why = self._run.ended_by
+        if why is None and self._is_closed():
+            why = CLOSED
+        if why is None or (self._told and why is not CLOSED):
+            return None
+        self._told = True
+        return LoaderError(why)
+
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         run = self._run
-        if run.superseded and not self._told:
-            self._told = True
-            raise LoaderError(SUPERSEDED)
+        if run.ended_by is not None:
+            err = self._ended_early()
+            if err is not None:
+                raise err
+            raise StopIteration
         if run.finished:
             raise StopIteration
         item = run.get()
         if item is None:
             run.finished = True
-            if run.superseded:
-                self._told = True
-                raise LoaderError(SUPERSEDED)
-            if self._is_closed():
-                raise LoaderError("this FastLoader was closed while it was being iterated")
+            err = self._ended_early()
+            if err is not None:
+                raise err
             raise LoaderError("the FastLoader background thread stopped without a result")
         if item is _END:
             run.finished = True

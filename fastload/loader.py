@@ -28,14 +28,14 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from .core import Core, register_exit_hook
+from .core import REBOUND, RESUMED, Core, register_exit_hook
 from .dlcompat import DetachedEpoch, LoaderBatchSampler, RankSampler, SamplerPlan, check_collate_fn, note_ignored, user_batch_sampler
 from .epochs import EpochIterator, EpochRun, start_epoch
 from .errors import ConfigError, LoaderError, as_int
 from .pipeline import import_dali
 from .reader import Dataset
 from .resume import STATE_VERSION, Shape, make_state, merge_states, resume_position
-from .sampler import ORDERS, EpochSampler, block_size_for
+from .sampler import MAX_BATCH, MAX_SEED, ORDERS, EpochSampler, block_size_for
 from .settings import FIELDS, IMAGENET_MEAN, IMAGENET_STD, MAX_SIDE, Augment
 from .views import LoaderDataset
 
@@ -106,6 +106,11 @@ def _dist_defaults(rank: Any, world_size: Any) -> tuple[int, int]:
     return r, ws
 
 
+def _given(name: str, value: Any) -> bool:
+    """Whether an image keyword was given (None means "not given", except for mean and std)."""
+    return value is not _UNSET if name in ("mean", "std") else value is not None
+
+
 def _check_generator(generator: Any) -> torch.Generator | None:
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ConfigError(f"generator must be a torch.Generator or None, got {generator!r}")
@@ -141,8 +146,8 @@ def _check_order(order: Any, block_size: Any, window: Any, user_batches: Any) ->
         raise ConfigError(f"order={order!r} is FastLoader's own order: it excludes sampler and batch_sampler")
     if block_size is not None:
         block_size = as_int("block_size", block_size, lo=1, hint=" (samples per run) or None")
-    if order == "block":
-        window = 16 if window is None else as_int("window", window, lo=1, hint=" (runs shuffled together) or None")
+    if window is not None:
+        window = as_int("window", window, lo=1, hint=" (runs shuffled together) or None")
     return order, block_size, window
 
 
@@ -215,12 +220,23 @@ def _resolve_source(dataset: Any, transform: Any) -> _Source:
 def _transformed_labels(labels: np.ndarray, target_transform: Any) -> np.ndarray:
     """``target_transform`` applied to every label (once, at construction); the results must be ints."""
     table = {}
+    lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
     for c in np.unique(labels).tolist():
         v = target_transform(c)
         try:
-            table[c] = operator.index(v.item() if isinstance(v, (torch.Tensor, np.ndarray)) else v)
-        except (TypeError, ValueError):
-            raise ConfigError(f"target_transform({c}) returned {v!r}; FastLoader needs integer labels") from None
+            if isinstance(v, (torch.Tensor, np.ndarray)):
+                if v.size if isinstance(v, np.ndarray) else v.numel() != 1:
+                    raise TypeError
+                v = v.item()
+            label = operator.index(v)
+        except (TypeError, ValueError, RuntimeError):
+            raise ConfigError(
+                f"target_transform({c}) returned {v!r:.80}; FastLoader needs one integer label per sample "
+                "(a one-hot or soft target: compute it from the label inside the training loop)"
+            ) from None
+        if not lo <= label <= hi:
+            raise ConfigError(f"target_transform({c}) returned {label}, outside int64 labels ({lo}..{hi})")
+        table[c] = label
     out = np.vectorize(table.__getitem__, otypes=[np.int64])(labels) if len(labels) else labels.copy()
     out.setflags(write=False)
     return out
@@ -351,14 +367,10 @@ class FastLoader:
         # 2. where the images come from, and what is done to them; every value checked before
         #    the disk or DALI is touched
         source = _resolve_source(dataset, transform)
-        given = {
-            "train": train, "crop": crop, "scale": scale, "ratio": ratio, "flip": flip, "resize": resize,
-            "dtype": dtype, "channels_last": channels_last,
-            **({} if mean is _UNSET else {"mean": mean}), **({} if std is _UNSET else {"std": std}),
-        }  # fmt: skip
-        given = {k: v for k, v in given.items() if v is not None or k in ("mean", "std")}
+        given = dict(train=train, crop=crop, scale=scale, ratio=ratio, flip=flip, resize=resize, mean=mean, std=std,
+                     dtype=dtype, channels_last=channels_last)  # fmt: skip
         batch_size = _check_batch_size(batch_size, batch_sampler)
-        augment = Augment.merged(source.settings, given)
+        augment = Augment.merged(source.settings, {k: v for k, v in given.items() if _given(k, v)})
         if shuffle is None:  # DataLoader's default (False) wherever a DataLoader call is being replaced
             user_order = sampler is not None or batch_sampler is not None or source.kind == "torchvision"
             shuffle = False if user_order else augment.train
@@ -367,7 +379,7 @@ class FastLoader:
         prefetch = as_int("prefetch", prefetch, lo=1, hi=64, hint=" (batches in flight)")
         if num_threads is not None:
             num_threads = as_int("num_threads", num_threads, lo=1, hi=MAX_THREADS, hint=" or None")
-        seed = as_int("seed", seed)
+        seed = as_int("seed", seed, lo=0, hi=MAX_SEED, hint=" (64 bits: every bit of it is used)")
         hw_decoder_load = _check_hw_decoder_load(hw_decoder_load)
         user_batches = user_batch_sampler(
             sampler=sampler, batch_sampler=batch_sampler, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last
@@ -382,6 +394,8 @@ class FastLoader:
         packed = self._open(source, check=check, cache_dir=cache_dir, progress=progress, user_batches=user_batches)
         if order == "block" and block_size is None:  # runs of about 8 MiB of records
             block_size = block_size_for(sum(sh.bytes for sh in packed.manifest.shards) / len(packed))
+        if order == "block" and window is None:
+            window = 16
         if target_transform is None:
             target_transform = source.target_transform
         self._keep_settings(augment, batch_size=batch_size if batch_sampler is None else None, shuffle=shuffle,
@@ -497,11 +511,16 @@ class FastLoader:
             else:
                 self.sampler.rebind(plan)  # the same objects: clients may hold them
             self._max_batch = max(1, min(batch_size, plan.per_rank))  # type: ignore[type-var]
+            if self._max_batch > MAX_BATCH:
+                raise ConfigError(
+                    f"batch_size={batch_size} gives batches of {self._max_batch} samples on this rank; at most "
+                    f"{MAX_BATCH} fit one pipeline: use a smaller batch_size"
+                )
         else:
             plan = SamplerPlan(user_batches, num_samples=len(packed), rank=self.rank, world_size=self.world_size)
             self.sampler = self._user_sampler
             self.batch_sampler = user_batches
-            self._max_batch = plan.max_batch
+            self._max_batch = plan.max_batch  # bounded by SamplerPlan
         self._plan = plan
 
     @property
@@ -527,7 +546,7 @@ class FastLoader:
         if self._user_batches is None:
             _check_world(world_size, self.packed)
         with self._iter_lock:
-            self._core.stop()
+            self._core.stop(REBOUND)
             if self._resume_batch and isinstance(self._plan, EpochSampler):
                 # a position restored on the old ranks becomes what it consumed, shared on the new ones
                 self._plan.resume(self._epoch, self._plan.consumed_after(self._epoch, self._resume_batch))
@@ -685,7 +704,7 @@ class FastLoader:
         sampler = self._user_sampler if self._user_sampler is not None else getattr(plan, "batch_sampler", None)
         at = resume_position(state, plan, self._shape(), sampler_name=type(sampler).__name__)
         with self._iter_lock:
-            self._core.stop()
+            self._core.stop(RESUMED)
             if isinstance(plan, SamplerPlan):
                 plan.pending_state = at.sampler_state
             else:

@@ -88,14 +88,14 @@ def make_state(plan: EpochSampler | SamplerPlan, shape: Shape, *, epoch: int, do
     return state
 
 
-def saved_plan(state: dict[str, Any]) -> EpochSampler:
-    """Rank 0's plan of the loader that saved ``state`` (FastLoader's own order)."""
+def saved_plan(state: dict[str, Any], *, rank: int = 0) -> EpochSampler:
+    """Rank ``rank``'s plan of the loader that saved ``state`` (FastLoader's own order)."""
     kw = {"block_size": state["block_size"], "window": state["window"]} if state["order"] == "block" else {}
     try:
         return EpochSampler(
             num_samples=state["num_samples"], batch_size=state["batch_size"], shuffle=state["shuffle"],
-            drop_last=state["drop_last"], seed=state["seed"], world_size=state["world_size"], pad=state["pad"],
-            order=state["order"], **kw,
+            drop_last=state["drop_last"], seed=state["seed"], rank=rank, world_size=state["world_size"],
+            pad=state["pad"], order=state["order"], **kw,
         )  # fmt: skip
     except (ConfigError, TypeError) as e:
         raise ConfigError(f"state describes no loader FastLoader can make: {e}") from None
@@ -109,15 +109,25 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     first = states[0]
     if any(s.get("version") != STATE_VERSION or isinstance(s.get("version"), bool) for s in states):
         raise ConfigError(f"merge_states needs version-{STATE_VERSION} states")
-    missing = [k for k in STATE_TYPES if k not in first]
-    if missing:
-        raise ConfigError(f"state lacks {', '.join(missing)}: not a complete FastLoader state_dict")
+    for r, st in enumerate(states):
+        _check_types(st, "state" if r == 0 else f"rank {r}'s state")
     if len(states) != first["world_size"]:
         raise ConfigError(f"merge_states got {len(states)} states for world_size={first['world_size']!r}: give one per rank")
     for r, s in enumerate(states[1:], 1):
         for k in STATE_TYPES:
             if k not in ("batches_done", "consumed", "samples_consumed", "sampler") and s.get(k) != first[k]:
                 raise ConfigError(f"rank {r}'s state has {k}={s.get(k)!r:.60} but rank 0's has {first[k]!r:.60}")
+    own = saved_plan(first) if first["order"] != "sampler" else None
+    for r, st in enumerate(states):
+        who = "state" if r == 0 else f"rank {r}'s state"
+        _check_position(st, who, r)
+        if own is not None:  # what its batches consumed, computed again: a state is not taken on trust
+            want = own.consumed_after(st["epoch"], st["batches_done"], consumed=st["resumed_from"])
+            if want != st["consumed"]:
+                raise ConfigError(
+                    f"{who} has consumed={st['consumed']!r:.60} but batches_done={st['batches_done']} of epoch "
+                    f"{st['epoch']} consumes {want!r:.60}: not a state a FastLoader saved"
+                )
     done = [s["batches_done"] for s in states]
     if len(set(done)) == 1:
         return dict(first)
@@ -156,6 +166,34 @@ def upgrade_v1(state: dict[str, Any], plan: EpochSampler | SamplerPlan, shape: S
     }  # fmt: skip
 
 
+def _check_types(state: dict[str, Any], who: str) -> None:
+    """Every field of a version-2 state present and of its type (``who`` names the state in errors)."""
+    missing = [k for k in STATE_TYPES if k not in state]
+    if missing:
+        raise ConfigError(f"{who} lacks {', '.join(missing)}: not a complete FastLoader state_dict")
+    for k, kinds in STATE_TYPES.items():
+        v = state[k]
+        if not any(v is None if kind is None else kind is object or type(v) is kind for kind in kinds):
+            expected = " or ".join("None" if kind is None else kind.__name__ for kind in kinds)
+            raise ConfigError(f"{who} has {k}={v!r:.40} ({type(v).__name__}); expected {expected}")
+
+
+def _check_position(state: dict[str, Any], who: str, rank: int) -> None:
+    """A state's epoch, batch count and intervals possible for the loader it describes (rank ``rank``)."""
+    n, epoch, done = state["num_samples"], state["epoch"], state["batches_done"]
+    if epoch < 0 or done < 0:
+        raise ConfigError(f"{who} has an invalid position: epoch={epoch}, batches_done={done}")
+    for k in ("consumed", "resumed_from"):
+        try:
+            check_intervals(k, state[k], n)
+        except ConfigError as e:
+            raise ConfigError(f"{who} has an invalid {e}") from None
+    if state["order"] != "sampler":
+        total = len(saved_plan(state, rank=rank))
+        if done > total:
+            raise ConfigError(f"{who} has an invalid position: epoch={epoch}, batches_done={done} (0..{total})")
+
+
 def checked_state(state: Any, plan: EpochSampler | SamplerPlan, shape: Shape) -> dict[str, Any]:
     """``state`` as a complete version-2 state of a loader with ``shape``, or a ConfigError saying why not."""
     if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -165,14 +203,7 @@ def checked_state(state: Any, plan: EpochSampler | SamplerPlan, shape: Shape) ->
         raise ConfigError(f"state version {version!r} is not supported (expected {STATE_VERSION}, or 1)")
     if version == 1:
         state = upgrade_v1(state, plan, shape)
-    missing = [k for k in STATE_TYPES if k not in state]
-    if missing:
-        raise ConfigError(f"state lacks {', '.join(missing)}: not a complete FastLoader state_dict")
-    for k, kinds in STATE_TYPES.items():
-        v = state[k]
-        if not any(v is None if kind is None else kind is object or type(v) is kind for kind in kinds):
-            expected = " or ".join("None" if kind is None else kind.__name__ for kind in kinds)
-            raise ConfigError(f"state has {k}={v!r:.40} ({type(v).__name__}); expected {expected}")
+    _check_types(state, "state")
     must_match = {"seed": shape.seed, "num_samples": shape.num_samples, "shuffle": shape.shuffle, "order": shape.order}
     if shape.order == "block":
         must_match.update(block_size=shape.block_size, window=shape.window)

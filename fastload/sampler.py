@@ -49,19 +49,38 @@ def block_order(num_samples: int, *, block_size: int, window: int, rng: np.rando
     sorts what it asks the disk for (:class:`fastload.reader.ReadAhead` does) reads long
     stretches of each shard instead of scattered records; samples that are neighbours in
     storage land near each other in the epoch (at most ``window * block_size`` apart).
+    ``block_size`` above ``num_samples`` is read as ``num_samples``, ``window`` above the number
+    of runs as that number (the memory it takes is bounded by the epoch, not by the arguments).
     """
-    n, b = num_samples, block_size
+    n = num_samples
     if n == 0:
         return np.empty(0, dtype=np.int64)
-    runs = rng.permutation(-(-n // b)).astype(np.int64)
+    # A run longer than the dataset is the dataset, a window wider than the runs is all of them: the
+    # shuffle's grid (window * block_size positions) is never larger than the epoch rounded up to a run.
+    b = min(block_size, n)
+    nruns = -(-n // b)
+    runs = rng.permutation(nruns).astype(np.int64)
     starts = runs * b
     lens = np.minimum(b, n - starts)
     seq = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(n, dtype=np.int64)
-    w = window * b
+    w = min(window, nruns) * b
     grid = np.full(-(-n // w) * w, -1, dtype=np.int64)
     grid[:n] = seq
     grid = rng.permuted(grid.reshape(-1, w), axis=1).ravel()
     return grid[grid >= 0]
+
+
+#: The most samples an epoch plan holds: its permutation is in memory (8 bytes a sample, 64 GiB here).
+MAX_EPOCH_SAMPLES = 2**33
+#: The most samples one batch may hold on one rank (what DALI's pipeline is sized for).
+MAX_BATCH = 65536
+#: Seeds are 64-bit: every bit of one in this range decides the order, crops and flips.
+MAX_SEED = 2**64 - 1
+
+
+def check_batch(n: int, *, what: str = "batch_size") -> int:
+    """``n`` samples in one batch, at most :data:`MAX_BATCH` (ConfigError naming ``what`` otherwise)."""
+    return as_int(what, n, lo=1, hi=MAX_BATCH, hint=" (samples in one batch on one rank)")
 
 
 def block_size_for(record_bytes: float, run_bytes: int = 8 << 20) -> int:
@@ -119,16 +138,16 @@ class EpochSampler:
         if order not in ORDERS:
             raise ConfigError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
         self.mode = order
+        num_samples = as_int("num_samples", num_samples, lo=0, hi=MAX_EPOCH_SAMPLES)
         self.block_size = as_int("block_size", block_size, lo=1)
         self.window = as_int("window", window, lo=1)
-        if num_samples < 0:
-            raise ConfigError(f"num_samples must be >= 0, got {num_samples}")
+        seed = as_int("seed", seed, lo=0, hi=MAX_SEED)
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size!r}")
         if world_size < 1:
             raise ConfigError(f"world_size must be >= 1, got {world_size!r}")
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank must be in [0, world_size={world_size}), got {rank!r}")
-        if batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {batch_size!r}")
         self.num_samples = num_samples
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -166,7 +185,7 @@ class EpochSampler:
             return cached[1]
         n = self.num_samples
         if self.shuffle:
-            rng = np.random.Generator(np.random.PCG64([self.seed & 0xFFFFFFFFFFFFFFFF, epoch]))
+            rng = np.random.Generator(np.random.PCG64([self.seed, epoch]))
             if self.mode == "block":
                 perm = block_order(n, block_size=self.block_size, window=self.window, rng=rng)
             else:
@@ -343,6 +362,9 @@ def check_intervals(name: str, value: Any, n: int) -> np.ndarray:
             ):
                 raise ConfigError(f"{name} must be a list of [start, stop] integer pairs, got the item {pair!r:.60}")
             flat += [int(pair[0]), int(pair[1])]
+        outside = [v for v in flat if not 0 <= v <= n]
+        if outside:  # before NumPy, which cannot hold every Python int
+            raise ConfigError(f"{name} must hold [start, stop) pairs within 0..{n}, got {outside[0]}")
         rows = np.array(flat, dtype=np.int64).reshape(-1, 2)
     if len(rows):
         a, b = rows[:, 0], rows[:, 1]

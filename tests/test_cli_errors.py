@@ -125,7 +125,7 @@ CASES = [
     (["bench", "{tmp}/nope"], "no such dataset directory"),
     (["bench", "{garbage}", "--device", "cpu"], "manifest.json: not valid JSON"),
     (["bench", "{packed}", "--device", "tpu"], "device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
-    (["bench", "{packed}", "--device", "cpu", "--batch-size", "0"], "batch_size must be an int >= 1, got 0"),
+    (["bench", "{packed}", "--device", "cpu", "--batch-size", "0"], "batch_size must be an int in [1, 65536] (samples per batch, MAX_BATCH), got 0"),
     (["bench", "{packed}", "--device", "cpu", "--model", "vgg"], "model must be one of"),
     (["bench", "{packed}", "--workers", "1,x"], "--workers"),
     (["bench", "{packed}", "--batches", "2", "--epochs", "1"], "not allowed with argument"),
