@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Mutation testing of fastload's core modules with mutmut 3 (configured in pyproject.toml, [tool.mutmut]);
+# how and when to run it, and the last scores: docs/testing.md.
+#
+#   scripts/mutation.sh [-j JOBS] [MODULE...]     MODULE: fastload/augment.py, fastload/store/, ... (none: all below)
+#   scripts/mutation.sh --list                    the modules and the tests each runs against
+#
+# Each module runs in its own copy of the tree, mutants/modules/<name>/ (mutmut then writes its mutants
+# under that copy's mutants/), against only the fast tests that cover it (the map below), so a module takes
+# minutes, not the hours of the whole suite per mutant. The copy is made fresh on every run: a concurrent
+# edit of the work tree cannot reach a run in progress, and a result is never a cached verdict of older
+# tests. It is kept afterwards, to read survivors:
+#   cd mutants/modules/augment && ../../../.venv/bin/mutmut show NAME      (or: mutmut browse)
+# The score per module is printed at the end (scripts/mutation_report.py): killed / (all - equivalent),
+# equivalent mutants being those listed, with their reason, in scripts/mutation-equivalent.txt.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+py="$root/.venv/bin/python"
+mutmut="$root/.venv/bin/mutmut"
+jobs="${MUTATION_JOBS:-$(nproc)}"
+
+# module -> the fast tests that cover it (files or node ids; no subprocess-only tests: a child process
+# imports the unmutated package, so it can never kill a mutant).
+declare -A TESTS=(
+    [fastload/augment.py]="tests/test_oracles_augment.py
+        tests/test_loader.py::test_random_resized_crop_semantics
+        tests/test_loader.py::test_random_resized_crop_fallback_for_extreme_shapes
+        tests/test_loader.py::test_params_depend_only_on_seed_epoch_position"
+    [fastload/sampler.py]="tests/test_oracles_sampler.py
+        tests/test_loader.py::test_sampler_batch_counts_and_shares
+        tests/test_elastic.py::test_an_interrupted_epoch_resumed_on_another_world_reads_every_sample_once
+        tests/test_elastic.py::test_a_fresh_epoch_keeps_the_distributed_sampler_layout
+        tests/test_elastic.py::test_merge_states_of_ranks_at_different_batches_is_exact
+        tests/test_scale.py::test_block_order_epochs_are_exact
+        tests/test_scale.py::test_block_order_is_a_seeded_run_shuffle
+        tests/test_scale.py::test_block_order_rank_shares_are_contiguous_stretches
+        tests/test_scale.py::test_block_order_arguments
+        tests/test_scale.py::test_block_order_function_and_block_size_for"
+    [fastload/resume.py]="tests/test_oracles_sampler.py
+        tests/test_elastic.py::test_an_interrupted_epoch_resumed_on_another_world_reads_every_sample_once
+        tests/test_elastic.py::test_merge_states_of_ranks_at_different_batches_is_exact
+        tests/test_elastic.py::test_merge_states_refuses_states_of_different_loaders
+        tests/test_hostile3_loader.py"
+    [fastload/dlcompat.py]="tests/test_dropin.py tests/test_oracles_sampler.py"
+    [fastload/transforms.py]="tests/test_transforms.py"
+    [fastload/host.py]="tests/test_host.py"
+    [fastload/cache.py]="tests/test_cache.py tests/test_cache_fidelity.py"
+    [fastload/reader.py]="tests/test_reader.py tests/test_hostile_read.py"
+    [fastload/store/]="tests/test_format.py tests/test_hostile_read.py tests/test_truncated_checks.py"
+    [fastload/packing/images.py]="tests/test_pack_pixels.py tests/test_big_images.py"
+    [fastload/packing/sources.py]="tests/test_sources.py tests/test_input_pack.py"
+    [fastload/profile.py]="tests/test_profile.py"
+    [fastload/bench/report.py]="tests/test_bench.py"
+)
+ALL=(fastload/augment.py fastload/sampler.py fastload/resume.py fastload/dlcompat.py fastload/transforms.py
+     fastload/host.py fastload/cache.py fastload/reader.py fastload/store/ fastload/packing/images.py
+     fastload/packing/sources.py fastload/profile.py fastload/bench/report.py)
+
+mods=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -j) jobs="$2"; shift 2 ;;
+        --list) for m in "${ALL[@]}"; do echo "$m:" ${TESTS[$m]}; done; exit 0 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        *) mods+=("$1"); shift ;;
+    esac
+done
+[ ${#mods[@]} -gt 0 ] || mods=("${ALL[@]}")
+for m in "${mods[@]}"; do
+    [ -n "${TESTS[$m]+x}" ] || { echo "mutation.sh: no test map for $m (one of: ${ALL[*]})" >&2; exit 2; }
+done
+[ -x "$mutmut" ] || { echo "mutation.sh: $mutmut missing: run scripts/setup.sh (mutmut is in the dev extra)" >&2; exit 2; }
+
+summary="$root/mutants/modules/summary-$(date -u +%Y%m%dT%H%M%SZ).txt"
+mkdir -p "$root/mutants/modules"
+for m in "${mods[@]}"; do
+    name="$(echo "${m#fastload/}" | sed 's#/$##; s#\.py$##; s#/#-#g')"
+    work="$root/mutants/modules/$name"
+    echo "== $m -> $work (tests: $(echo ${TESTS[$m]} | wc -w) files or ids)"
+    rm -rf "$work"
+    mkdir -p "$work"
+    # the tree as it is now: tracked files and new ones git does not ignore (no venv, no data, no mutants)
+    git ls-files -z -co --exclude-standard | tar -c --null -T - -f - 2>/dev/null | tar -x -C "$work" -f -
+    # shellcheck disable=SC2086
+    "$py" scripts/mutation_report.py config pyproject.toml "$m" ${TESTS[$m]} > "$work/pyproject.toml"
+    start=$(date +%s)
+    ( cd "$work" && "$mutmut" run --max-children "$jobs" > mutmut.log 2>&1 ) \
+        || echo "   mutmut exited $? (see $work/mutmut.log)"
+    echo "   $(( $(date +%s) - start )) s"
+    "$py" scripts/mutation_report.py score "$work" "$m" scripts/mutation-equivalent.txt | tee -a "$summary"
+done
+echo "summary: $summary"
