@@ -82,6 +82,10 @@ RESUMED = (
     "this FastLoader iterator was ended by load_state_dict(), which moved the loader to the saved position: "
     "call iter(loader) again to read on from there"
 )
+RETRANSFORMED = (
+    "this FastLoader iterator was ended when its dataset's transform was replaced: call iter(loader) "
+    "again to read with the new transform"
+)
 REBOUND = (
     "this FastLoader iterator was ended when the loader took its rank from the process group that was "
     "initialised after iter(): call iter(loader) again (or create the process group before iterating)"

@@ -56,16 +56,25 @@ def note_ignored(values: dict[str, Any]) -> None:
 
 
 def check_collate_fn(collate_fn: Any) -> Callable:
-    """The collate function a DataLoader would show; anything but the default is refused."""
+    """The collate function a DataLoader would show: ``default_collate`` for None, else the user's own.
+
+    A user's function is called on every batch as a list of ``(image, label)`` pairs (see
+    :func:`fastload.epochs.EpochIterator`), as a DataLoader calls it on its items. timm's
+    ``FastCollateMixup``/``fast_collate`` are refused: they expect timm's uint8 NumPy images.
+    """
     from torch.utils.data import default_collate
 
     if collate_fn is None or collate_fn is default_collate:
         return default_collate
     name = getattr(collate_fn, "__qualname__", None) or type(collate_fn).__name__
-    raise ConfigError(
-        f"collate_fn={name} cannot be honoured: FastLoader builds (images, labels) batches itself; "
-        "apply the function to each batch inside the training loop instead, or use a DataLoader"
-    )
+    if not callable(collate_fn):
+        raise ConfigError(f"collate_fn must be a function of a list of samples, got {printable(repr(collate_fn))[:60]}")
+    if getattr(type(collate_fn), "__module__", "").startswith("timm.") or getattr(collate_fn, "__module__", "") == "timm.data.loader":
+        raise ConfigError(
+            f"collate_fn={name} cannot be honoured: it expects timm's uint8 NumPy images (ToNumpy), but FastLoader "
+            "gives image tensors; use timm.data.Mixup on each batch inside the training loop instead"
+        )
+    return collate_fn
 
 
 def as_index(name: str, value: Any) -> int:

@@ -243,13 +243,16 @@ class EpochIterator:
         on_end: called with ``run`` when the epoch was read to its end.
         is_closed: whether the loader was closed (a run stopped by ``close()``).
         length: the loader's batches per epoch.
+        collate: a user's ``collate_fn``, called on each batch as a list of ``(image, label)`` pairs
+            (images: views of the batch, on its device; labels: ints, as an ImageFolder gives them).
     """
 
     def __init__(
         self, run: EpochRun, *, owner: Any, device: torch.device, on_end: Callable[[EpochRun], None],
-        is_closed: Callable[[], bool], length: Callable[[], int],
+        is_closed: Callable[[], bool], length: Callable[[], int], collate: Callable[[list], Any] | None = None,
     ) -> None:  # fmt: skip
         self._loader = owner
+        self._collate = collate
         self._run = run
         self._device = device
         self._on_end, self._is_closed, self._length = on_end, is_closed, length
@@ -269,7 +272,7 @@ class EpochIterator:
         self._told = True
         return LoaderError(why)
 
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def __next__(self) -> Any:
         run = self._run
         if run.ended_by is not None:
             err = self._ended_early()
@@ -301,7 +304,9 @@ class EpochIterator:
             images.record_stream(current)
             labels.record_stream(current)
         run.yielded += 1
-        return images, labels
+        if self._collate is not None:  # as a DataLoader calls it: on the (image, label) items
+            return self._collate(list(zip(images.unbind(0), labels.tolist())))
+        return [images, labels]  # a list, as DataLoader's default collation of (image, label) items gives
 
     def __len__(self) -> int:
         return self._length() - self._run.yielded

@@ -27,8 +27,9 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
+from torch.utils.data import default_collate
 
-from .core import REBOUND, RESUMED, Core, register_exit_hook
+from .core import REBOUND, RESUMED, RETRANSFORMED, Core, register_exit_hook
 from .dlcompat import DetachedEpoch, LoaderBatchSampler, RankSampler, SamplerPlan, check_collate_fn, note_ignored, user_batch_sampler
 from .epochs import EpochIterator, EpochRun, start_epoch
 from .errors import ConfigError, LoaderError, as_int
@@ -109,6 +110,10 @@ def _dist_defaults(rank: Any, world_size: Any) -> tuple[int, int]:
 def _given(name: str, value: Any) -> bool:
     """Whether an image keyword was given (None means "not given", except for mean and std)."""
     return value is not _UNSET if name in ("mean", "std") else value is not None
+
+
+def _gone(transform: Any) -> dict[str, Any]:
+    raise LoaderError("the FastLoader of this dataset view is gone: its transform can no longer be changed")
 
 
 def _check_generator(generator: Any) -> torch.Generator | None:
@@ -267,7 +272,9 @@ class FastLoader:
         num_workers, pin_memory, timeout, worker_init_fn, multiprocessing_context,
             prefetch_factor, persistent_workers, pin_memory_device, in_order: accepted and
             shown as attributes; they do not apply (no worker processes).
-        collate_fn: None or ``default_collate``; any other is a :class:`ConfigError`.
+        collate_fn: None or ``default_collate`` (batches ``[images, labels]``), or a function called on
+            each batch as a list of ``(image, label)`` pairs, as a DataLoader calls it (MixUp/CutMix
+            collates: ``lambda b: mixup_cutmix(*default_collate(b))``).
         drop_last: drop the last incomplete batch and the tail that does not divide among
             ranks: ``DistributedSampler(drop_last=...)`` + ``DataLoader(drop_last=...)``.
         generator: seeds the order (its ``initial_seed()``) when ``seed`` is not given.
@@ -406,16 +413,17 @@ class FastLoader:
         self._init = {
             "dataset": str(packed.path), "batch_size": batch_size, "shuffle": shuffle, "sampler": sampler,
             "batch_sampler": batch_sampler, "drop_last": drop_last, "generator": generator, **ignored,
+            "collate_fn": collate_fn,
             **augment.given(), "resize": self.resize, "device": None if device is None else str(self.device),
             "num_threads": self.num_threads, "prefetch": prefetch, "seed": seed, "rank": rank, "world_size": world_size,
             "pad": pad, "order": order, "block_size": block_size, "window": window, "hw_decoder_load": hw_decoder_load,
             "check": check, "target_transform": target_transform,
         }  # fmt: skip
+        self._given = {k: v for k, v in given.items() if _given(k, v)}  # they override a transform assigned later
         self.dataset = LoaderDataset(
             packed, labels=self._labels, epoch=self._epoch_box.get, transform=source.transform,
             target_transform=target_transform, origin=source.obj if source.kind == "torchvision" else None,
-            settings={"train": self.train, "crop": self.crop, "resize": self.resize, "scale": self.scale,
-                      "ratio": self.ratio, "flip": self.flip, "mean": self.mean, "std": self.std, "seed": seed},
+            settings=self._view_settings(), on_transform=_weakly(self._retransform, _gone),
         )  # fmt: skip
 
         # 4. the DALI core the background threads hold, freed with the loader
@@ -446,20 +454,23 @@ class FastLoader:
 
     def _keep_settings(self, augment: Augment, *, num_threads: int | None, **settings: Any) -> None:
         """The checked settings as the loader's attributes (what clients and ``repr`` read)."""
-        self.augment = augment
+        self._keep_augment(augment)
         self.batch_size = settings["batch_size"]
         self.shuffle, self.drop_last, self.pad = bool(settings["shuffle"]), bool(settings["drop_last"]), bool(settings["pad"])
-        self.train, self.crop, self.resize = augment.train, augment.crop, augment.resize_side
-        self.scale, self.ratio, self.flip = augment.scale, augment.ratio, augment.flip
-        self.mean, self.std = augment.mean, augment.std
-        self.dtype = augment.out_dtype
-        self.channels_last = augment.channels_last
         self.prefetch, self.seed, self.hw_decoder_load = settings["prefetch"], settings["seed"], settings["hw_decoder_load"]
         self.order, self.block_size, self.window = settings["order"], settings["block_size"], settings["window"]
         if num_threads is None:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
             num_threads = max(1, _cores() // max(1, local))
         self.num_threads = num_threads
+
+    def _keep_augment(self, augment: Augment) -> None:
+        self.augment = augment
+        self.train, self.crop, self.resize = augment.train, augment.crop, augment.resize_side
+        self.scale, self.ratio, self.flip = augment.scale, augment.ratio, augment.flip
+        self.mean, self.std = augment.mean, augment.std
+        self.dtype = augment.out_dtype
+        self.channels_last = augment.channels_last
 
     def _keep_samplers(self, sampler: Any, batch_sampler: Any, user_batches: Any, *, rank: Any, world_size: Any) -> None:
         """The epoch (in a box), the user's sampler if any, and this rank's plan with its samplers."""
@@ -475,6 +486,30 @@ class FastLoader:
         self._auto_ranks = rank is None and world_size is None and not (dist.is_available() and dist.is_initialized())
         self.sampler: Any = None
         self._make_plan()
+
+    def _view_settings(self) -> dict[str, Any]:
+        """The image settings ``loader.dataset`` processes its items with."""
+        return {"train": self.train, "crop": self.crop, "resize": self.resize, "scale": self.scale,
+                "ratio": self.ratio, "flip": self.flip, "mean": self.mean, "std": self.std, "seed": self.seed}  # fmt: skip
+
+    def _retransform(self, transform: Any) -> dict[str, Any]:
+        """``loader.dataset.transform = transform``: run it from the next ``iter()`` on (a new pipeline).
+
+        The flat keywords given to the constructor still override it, as they override a transform
+        given there. Returns the view's new settings; a ConfigError leaves everything as it was.
+        """
+        augment = Augment.merged(_translated(transform) or Augment(), self._given)
+        with self._iter_lock:
+            old = self._core
+            self._keep_augment(augment)
+            self._init.update(augment.given(), resize=self.resize)
+            self._finalizer.detach()
+            self._core = self._make_core()
+            self._finalizer = weakref.finalize(self, self._core.close)
+        old.stop(RETRANSFORMED)
+        old.close()
+        log.debug("FastLoader: the dataset's transform was replaced; new settings %s", augment)
+        return self._view_settings()
 
     def _make_core(self) -> Core:
         core = Core(
@@ -591,7 +626,7 @@ class FastLoader:
             self._plan.resumed = None
         self._epoch = epoch
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[list[torch.Tensor]]:
         """A new epoch's iterator; it replaces the previous one, whose ``next()`` then raises.
 
         One loader drives one DALI pipeline, so one iterator is live at a time: starting
@@ -599,13 +634,30 @@ class FastLoader:
         :class:`LoaderError` saying so instead of ending its epoch early in silence.
         """
         self._bind_ranks()  # and a core of this process (after a fork)
+        self._draw_as_a_dataloader_does()
         with self._iter_lock:
             if self._closed:
                 raise LoaderError("this FastLoader is closed")
             run = start_epoch(self._core, self._epoch, self._resume_batch)
             return EpochIterator(
-                run, owner=self, device=self.device, on_end=self._epoch_finished, is_closed=self._is_closed, length=self.__len__
+                run, owner=self, device=self.device, on_end=self._epoch_finished, is_closed=self._is_closed,
+                length=self.__len__, collate=None if self.collate_fn is default_collate else self.collate_fn,
             )
+
+    def _draw_as_a_dataloader_does(self) -> None:
+        """Take from torch's random state what a DataLoader's ``iter()`` takes: its workers' base seed,
+        and with ``shuffle=True`` its RandomSampler's seed (FastLoader's own order does not use them).
+
+        So the rest of a script's random stream (a MixUp collate, dropout, augmentation in the loop)
+        is the one it has under a DataLoader with the same seed.
+        """
+        torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        if self._user_batches is None and self.shuffle:
+            if self.generator is None:  # RandomSampler seeds its own generator from the global one
+                torch.empty((), dtype=torch.int64).random_()
+            else:  # it draws from the generator given: a permutation, and one more for the (empty) rest
+                for _ in range(2):  # (torch.utils.data.RandomSampler.__iter__, read to its end)
+                    torch.randperm(len(self.packed), generator=self.generator)
 
     def _is_closed(self) -> bool:
         return self._closed

@@ -89,6 +89,8 @@ def _name(t: Any) -> str:
         text = repr(t)
     except Exception:  # noqa: BLE001 - a user's object whose repr fails is still named
         text = f"{cls.__qualname__}(...)"
+    if cls.__repr__ is object.__repr__:  # "<presets.X object at 0x7f...>" says nothing more than the class
+        text = f"{cls.__qualname__}()"
     text = re.sub(r"\s+", " ", printable(text)).strip()
     if len(text) > 160:
         text = text[:157] + "..."
@@ -136,7 +138,7 @@ class _TV:
             "flip": "RandomHorizontalFlip", "to_tensor": "ToTensor", "pil_to_tensor": "PILToTensor",
             "convert": "ConvertImageDtype", "normalize": "Normalize", "lambda": "Lambda",
             "random_apply": "RandomApply", "random_choice": "RandomChoice", "random_order": "RandomOrder",
-            "random_crop": "RandomCrop", "to_pil": "ToPILImage",
+            "random_crop": "RandomCrop", "to_pil": "ToPILImage", "jitter": "ColorJitter",
         }  # fmt: skip
         self.cls: dict[str, tuple] = {}
         for key, name in pairs.items():
@@ -180,6 +182,51 @@ class _TV:
         return None
 
 
+def _outputs_equal(a: Any, b: Any) -> bool:
+    import numpy as np
+    from PIL import Image
+
+    if isinstance(a, Image.Image) and isinstance(b, Image.Image):
+        return a.mode == b.mode and a.size == b.size and a.tobytes() == b.tobytes()
+    if hasattr(a, "shape") and hasattr(b, "shape"):
+        return type(a) is type(b) and tuple(a.shape) == tuple(b.shape) and bool(np.array_equal(np.asarray(a), np.asarray(b)))
+    return False
+
+
+def _is_wrapper(t: Any, tv: _TV) -> bool:
+    """Whether ``t`` is an object that keeps its pipeline in ``.transforms`` and only applies it.
+
+    Training scripts wrap their ``Compose`` in a class (torchvision's references'
+    ``ClassificationPresetTrain``/``Eval``). Checked, not assumed: ``t`` and ``t.transforms``
+    are called on the same probe image from the same random state (restored afterwards), and
+    must give the same output, twice (two random states).
+    """
+    inner = getattr(t, "transforms", None)
+    if tv.kind(t) is not None or type(t) in tv.noop or inner is None or not callable(t) or not callable(inner):
+        return False
+    import random
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    probe = Image.fromarray(np.random.default_rng(7).integers(0, 256, (48, 64, 3), dtype=np.uint8))
+    saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    try:
+        for seed in (0, 1):
+            outs = []
+            for f in (t, inner):
+                random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
+                outs.append(f(probe.copy()))
+            if not _outputs_equal(*outs):
+                return False
+        return True
+    except Exception:  # noqa: BLE001 - a wrapper that cannot run on an RGB image is not one we can read
+        return False
+    finally:
+        random.setstate(saved[0]), np.random.set_state(saved[1]), torch.set_rng_state(saved[2])
+
+
 def _flatten(transform: Any, tv: _TV) -> list[Any]:
     out: list[Any] = []
 
@@ -190,6 +237,8 @@ def _flatten(transform: Any, tv: _TV) -> list[Any]:
             inner = t.transforms if hasattr(t, "transforms") else list(t.children())
             for s in inner:
                 walk(s, depth + 1)
+        elif _is_wrapper(t, tv):
+            walk(t.transforms, depth + 1)
         else:
             out.append(t)
 
@@ -448,10 +497,22 @@ def _normalize(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
         raise step.fail(f"std {t.std!r} is negative; FastLoader's std must be positive")
 
 
+def _jitter(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
+    """A ``ColorJitter`` whose four parts are all off (timm adds one with ``color_jitter=0``) is a no-op."""
+    parts = {a: getattr(t, a, None) for a in ("brightness", "contrast", "saturation", "hue")}
+    if all(v is None for v in parts.values()):
+        return
+    on = ", ".join(f"{a}={v}" for a, v in parts.items() if v is not None)
+    raise step.fail(
+        f"ColorJitter({on}) has no FastLoader equivalent yet (one with every part off, a no-op, is accepted): "
+        f"{_NO_EQUIVALENT}"
+    )
+
+
 #: The steps that change the image's values, by kind (the geometric ones are :class:`_Shape`'s methods).
 _PIXEL_STEPS = {
     "to_tensor": _to_tensor, "pil_to_tensor": _to_tensor, "to_image": _to_tensor,
-    "convert": _convert, "to_dtype": _to_dtype, "normalize": _normalize,
+    "convert": _convert, "to_dtype": _to_dtype, "normalize": _normalize, "jitter": _jitter,
 }  # fmt: skip
 
 
@@ -464,6 +525,12 @@ def _unknown_step(step: _Step, t: Any, tv: _TV) -> None:
         raise step.fail(
             f"a subclass of torchvision's {parent}, which may change what {parent} does: FastLoader cannot "
             f"know; use {parent} itself, or {_NO_EQUIVALENT}"
+        )
+    if getattr(t, "transforms", None) is not None:
+        raise step.fail(
+            "it keeps steps in .transforms, but calling it does not give what calling its .transforms gives "
+            "(checked on a probe image), so it does more than apply them: give the dataset its .transforms, "
+            "and do the rest in the training loop"
         )
     raise step.fail(_unknown(t))
 

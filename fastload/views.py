@@ -69,12 +69,14 @@ class LoaderDataset(torch.utils.data.Dataset):
         transform: Any = None,
         target_transform: Any = None,
         origin: Any = None,
+        on_transform: Callable[[Any], dict[str, Any]] | None = None,
     ) -> None:
         self.packed = packed
         self._labels = labels
         self._settings = dict(settings)
         self._epoch = epoch
-        self.transform = transform
+        self._on_transform = on_transform
+        self._transform = transform
         self.target_transform = target_transform
         self.classes: list[str] = packed.classes
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
@@ -93,7 +95,24 @@ class LoaderDataset(torch.utils.data.Dataset):
         """A copy (a DataLoader worker under spawn/forkserver, deepcopy) keeps the epoch it was made in."""
         state = self.__dict__.copy()
         state["_epoch"] = functools.partial(operator.index, self._epoch())
+        state["_on_transform"] = None  # a copy is not its loader's view any more
         return state
+
+    @property
+    def transform(self) -> Any:
+        """The transform the loader runs (translated into its DALI graph), as a torchvision dataset's.
+
+        Assigning one (DeiT's ``--ThreeAugment`` does, after the loader is built) makes the loader
+        run it from its next ``iter()`` on, or raises ConfigError naming the step it cannot run;
+        never ignored.
+        """
+        return self._transform
+
+    @transform.setter
+    def transform(self, transform: Any) -> None:
+        if self._on_transform is not None:
+            self._settings = dict(self._on_transform(transform))  # ConfigError: nothing changes
+        self._transform = transform
 
     @property
     def settings(self) -> dict[str, Any]:

@@ -86,9 +86,16 @@ def test_positional_arguments_mean_what_they_mean_for_a_dataloader(packed):
     loader.close()
 
 
-def test_a_custom_collate_fn_is_refused_with_a_hint(packed):
-    with pytest.raises(ConfigError, match="collate_fn=.*apply the function to each batch"):
-        _eval(packed, 4, collate_fn=lambda batch: batch)
+def test_a_custom_collate_fn_is_called_on_the_batch_items_as_a_dataloader_calls_it(packed):
+    """(It was refused before issue 20; tests/test_dropin2.py holds the MixUp/CutMix scripts.)"""
+    plain = _eval(packed, 4)
+    items = _eval(packed, 4, collate_fn=lambda batch: batch)
+    assert items.collate_fn is not default_collate
+    for (x, y), batch in zip(plain, items):
+        assert isinstance(batch, list) and len(batch) == len(y)
+        assert all(torch.equal(img, x[k]) and lab == int(y[k]) and type(lab) is int for k, (img, lab) in enumerate(batch))
+    with pytest.raises(ConfigError, match="collate_fn must be a function"):
+        _eval(packed, 4, collate_fn=3)
     _eval(packed, 4, collate_fn=default_collate).close()
 
 

@@ -1,0 +1,206 @@
+"""The drop-in, round two: where real scripts keep their transforms, what they assign later, how batches look.
+
+Expected values come from the same script run on ``torch.utils.data.DataLoader`` (the oracle a
+user holds FastLoader to), never from FastLoader's own translation.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fastload
+from fastload import ConfigError, FastLoader, LoaderError
+
+tv = pytest.importorskip("torchvision")
+from torchvision import transforms as T  # noqa: E402
+from torchvision.datasets import ImageFolder  # noqa: E402
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+class PresetTrain:
+    """A preset as torchvision's classification references write one: a Compose kept in .transforms."""
+
+    def __init__(self, crop: int) -> None:
+        self.transforms = T.Compose([
+            T.RandomResizedCrop(crop), T.RandomHorizontalFlip(0.5), T.PILToTensor(),
+            T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD),
+        ])  # fmt: skip
+
+    def __call__(self, img):
+        return self.transforms(img)
+
+
+class PresetEval:
+    def __init__(self, crop: int, resize: int) -> None:
+        self.transforms = T.Compose([T.Resize(resize), T.CenterCrop(crop), T.PILToTensor()])
+
+    def __call__(self, img):
+        return self.transforms(img)
+
+
+class Scaled(PresetEval):
+    """Holds .transforms but does more than apply them."""
+
+    def __call__(self, img):
+        return self.transforms(img) // 2
+
+
+def _loader(ds, **kw):
+    return FastLoader(ds, 4, device="cpu", progress=False, **kw)
+
+
+def test_a_preset_class_is_read_through_its_transforms(make_folder, tmp_path):
+    """Defect: 'presets.<presets.ClassificationPresetTrain object at 0x…> … has no FastLoader equivalent'."""
+    root = make_folder(classes=2, per_class=4, size=(64, 48))
+    wrapped = _loader(ImageFolder(str(root), transform=PresetTrain(24)), cache_dir=tmp_path / "c", seed=3, shuffle=True)
+    plain = _loader(ImageFolder(str(root), transform=PresetTrain(24).transforms), cache_dir=tmp_path / "c", seed=3, shuffle=True)
+    with wrapped, plain:
+        assert wrapped.augment == plain.augment and wrapped.crop == 24
+        for (x, y), (u, v) in zip(wrapped, plain):
+            assert torch.equal(x, u) and torch.equal(y, v)
+
+
+def test_an_evaluation_preset_gives_the_dataloaders_batches(make_folder, tmp_path):
+    root = make_folder(classes=3, per_class=3, size=(64, 48))
+    preset = PresetEval(32, 40)
+    want = list(torch.utils.data.DataLoader(ImageFolder(str(root), transform=preset), 4))
+    with _loader(ImageFolder(str(root), transform=preset), cache_dir=tmp_path / "c") as ld:
+        got = list(ld)
+    assert len(got) == len(want) == 3
+    for (x, y), (u, v) in zip(got, want):
+        assert x.dtype == u.dtype == torch.uint8 and x.shape == u.shape
+        assert torch.equal(y, v)
+        assert (x.int() - u.int()).abs().max() <= 2  # flat-colour images: resampling cannot move them
+
+
+def test_a_wrapper_that_does_more_than_its_transforms_is_refused_naming_it(make_folder, tmp_path):
+    root = make_folder(classes=1, per_class=2)
+    with pytest.raises(ConfigError, match=r"Scaled\(\) \(step 1 of 1 of the transform\): it keeps steps in \.transforms, but calling it"):
+        _loader(ImageFolder(str(root), transform=Scaled(32, 40)), cache_dir=tmp_path / "c")
+
+
+def test_a_class_without_transforms_is_named_by_its_class_not_its_address(make_folder, tmp_path):
+    class Opaque:
+        def __call__(self, img):
+            return img
+
+    root = make_folder(classes=1, per_class=2)
+    with pytest.raises(ConfigError) as e:
+        _loader(ImageFolder(str(root), transform=T.Compose([Opaque(), T.RandomResizedCrop(8), T.ToTensor()])), cache_dir=tmp_path / "c")
+    assert "Opaque()" in str(e.value) and " at 0x" not in str(e.value)
+
+
+def test_a_color_jitter_with_every_part_off_is_a_no_op_and_one_that_is_on_is_refused(pixel_dataset):
+    off = T.Compose([T.RandomResizedCrop(16), T.ColorJitter(0, 0, 0, 0), T.ToTensor()])
+    with FastLoader(pixel_dataset.packed, 4, device="cpu", transform=off, seed=1) as a, \
+            FastLoader(pixel_dataset.packed, 4, device="cpu", crop=16, flip=0.0, mean=(0, 0, 0), std=(1, 1, 1), seed=1) as b:  # fmt: skip
+        assert all(torch.equal(x, u) for (x, _), (u, _) in zip(a, b))
+    with pytest.raises(ConfigError, match=r"ColorJitter\(brightness=\(0\.6, 1\.4\)\) has no FastLoader equivalent yet"):
+        FastLoader(pixel_dataset.packed, 4, device="cpu", transform=T.Compose([T.RandomResizedCrop(16), T.ColorJitter(0.4), T.ToTensor()]))
+
+
+def test_batches_are_lists_as_a_dataloader_gives_them(make_folder, tmp_path):
+    """Defect: batches were tuples, so a script assigning into batch[0] failed."""
+    root = make_folder(classes=2, per_class=2, size=(40, 40))
+    tf = T.Compose([T.Resize(32), T.CenterCrop(32), T.ToTensor()])
+    want = next(iter(torch.utils.data.DataLoader(ImageFolder(str(root), transform=tf), 4)))
+    with _loader(ImageFolder(str(root), transform=tf), cache_dir=tmp_path / "c") as ld:
+        batch = next(iter(ld))
+    assert type(batch) is type(want) is list and len(batch) == 2
+    batch[0] = batch[0] * 2  # what a script may do
+
+
+def test_a_transform_assigned_after_construction_is_applied_from_the_next_epoch(make_folder, tmp_path):
+    """Defect: loader.dataset.transform = ... (DeiT's --ThreeAugment) was accepted and changed nothing."""
+    root = make_folder(classes=2, per_class=4, size=(64, 48))
+    ld = _loader(ImageFolder(str(root), transform=T.Compose([T.RandomResizedCrop(24), T.ToTensor()])), cache_dir=tmp_path / "c")
+    it = iter(ld)
+    assert next(it)[0].shape == (4, 3, 24, 24)
+    new = T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor(), T.Normalize(MEAN, STD)])
+    ld.dataset.transform = new
+    assert ld.dataset.transform is new
+    with pytest.raises(LoaderError, match="transform was replaced"):
+        next(it)  # the running epoch was read with the old one: said, not mixed
+    want = list(torch.utils.data.DataLoader(ImageFolder(str(root), transform=new), 4))
+    got = list(ld)
+    assert [x.shape for x, _ in got] == [x.shape for x, _ in want] == [(4, 3, 32, 32)] * 2
+    assert not ld.train and ld.dataset[0][0].shape == (3, 32, 32)
+    assert all((x - u).abs().max() < 0.05 for (x, _), (u, _) in zip(got, want))
+    ld.close()
+
+
+def test_a_transform_that_cannot_be_run_is_refused_at_assignment_and_nothing_changes(make_folder, tmp_path):
+    root = make_folder(classes=2, per_class=2, size=(64, 48))
+    first = T.Compose([T.RandomResizedCrop(24), T.ToTensor()])
+    with _loader(ImageFolder(str(root), transform=first), cache_dir=tmp_path / "c") as ld:
+        with pytest.raises(ConfigError, match="Lambda"):
+            ld.dataset.transform = T.Compose([T.Lambda(lambda x: x), T.ToTensor()])
+        assert ld.dataset.transform is first and ld.crop == 24
+        assert next(iter(ld))[0].shape == (4, 3, 24, 24)
+
+
+def test_flat_keywords_still_override_a_transform_assigned_later(pixel_dataset):
+    with FastLoader(pixel_dataset.packed, 4, device="cpu", crop=16) as ld:
+        ld.dataset.transform = T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor()])
+        x, _ = next(iter(ld))
+        assert x.shape == (4, 3, 16, 16) and not ld.train  # crop=16 given: it wins, the rest is the transform's
+
+
+# ----------------------------------------------------------------------------- collate_fn
+
+
+def _mixup_cutmix_collate(num_classes: int):
+    """What torchvision's classification references build for --mixup-alpha 0.2 --cutmix-alpha 1.0."""
+    from torch.utils.data import default_collate
+    from torchvision.transforms import v2
+
+    mixup_cutmix = v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=num_classes), v2.CutMix(alpha=1.0, num_classes=num_classes)])
+
+    def collate_fn(batch):
+        return mixup_cutmix(*default_collate(batch))
+
+    return collate_fn
+
+
+def test_a_mixup_cutmix_collate_gives_what_it_gives_under_a_dataloader(make_folder, tmp_path):
+    """Defect: 'collate_fn=…collate_fn cannot be honoured' (torchvision's references with MixUp/CutMix)."""
+    root = make_folder(classes=3, per_class=4, size=(40, 40))
+    tf = T.Compose([T.Resize(32), T.CenterCrop(32), T.ToTensor()])
+    collate = _mixup_cutmix_collate(3)
+    order = [5, 0, 9, 2, 11, 7, 1, 4, 10, 3, 8, 6]  # every batch mixes classes
+    ref = torch.utils.data.DataLoader(ImageFolder(str(root), transform=tf), 4, sampler=order, collate_fn=collate)
+    ld = _loader(ImageFolder(str(root), transform=tf), cache_dir=tmp_path / "c", sampler=order, collate_fn=collate)
+    assert ld.collate_fn is collate
+    want, got = [], []
+    for loader, out in ((ref, want), (ld, got)):
+        torch.manual_seed(5)  # the collate's own draws (mix or cut, lambda, box) come from the same stream
+        out += list(loader)
+    assert len(got) == len(want) == 3
+    mixed = 0
+    for (x, y), (u, v) in zip(got, want):
+        assert y.shape == v.shape == (4, 3) and torch.allclose(y, v, atol=1e-6)  # the same mixes
+        assert x.shape == u.shape and (x - u).abs().max() < 1e-5  # flat colours: decoders agree
+        mixed += int(((y > 0) & (y < 1)).any())
+    assert mixed >= 2  # soft labels really mixed
+    ld.close()
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_iter_takes_from_torchs_random_state_what_a_dataloader_takes(make_folder, tmp_path, shuffle):
+    """After an epoch, the script's random stream (model init, dropout, MixUp) is where a DataLoader leaves it."""
+    root = make_folder(classes=2, per_class=2, size=(40, 40))
+    ds = ImageFolder(str(root), transform=T.Compose([T.Resize(32), T.CenterCrop(32), T.ToTensor()]))
+    torch.manual_seed(1)
+    list(torch.utils.data.DataLoader(ds, 2, shuffle=shuffle))
+    want = torch.rand(4)
+    with _loader(ds, cache_dir=tmp_path / "c", shuffle=shuffle) as ld:
+        torch.manual_seed(1)
+        list(ld)
+        assert torch.equal(torch.rand(4), want)
+    g, h = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    list(torch.utils.data.DataLoader(ds, 2, shuffle=shuffle, generator=g))
+    with _loader(ds, cache_dir=tmp_path / "c", shuffle=shuffle, generator=h) as ld:
+        list(ld)
+    assert torch.equal(torch.rand(2, generator=g), torch.rand(2, generator=h))
