@@ -115,6 +115,7 @@ class Core:
         self.train, self.crop, self.resize = augment.train, augment.crop, augment.resize_side
         self.mean, self.std, self.dtype = augment.mean, augment.std, augment.out_dtype
         self.channels_last = augment.channels_last
+        self.interpolation = augment.interpolation
         # CPU training batches are resized and normalised on the host (faster than DALI's CPU resize)
         self.host_finish = self.device.type == "cpu" and self.train
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -218,6 +219,7 @@ class Core:
             prefetch=self.prefetch,
             hw_decoder_load=self.hw_decoder_load,
             host_finish=self.host_finish,
+            interpolation=self.interpolation,
             # the mixed decoder's buffers, sized from the dataset's recorded image sizes
             **decoder_sizing(self.dataset.manifest.stats, max_pixels=self.dataset.manifest.max_pixels).fields(),
         )
@@ -308,9 +310,12 @@ class Core:
         big = np.flatnonzero(scales > 1).tolist()
         if not big:
             return jobs
+        interp = {} if self.interpolation == "bilinear" else {"interpolation": self.interpolation}
         for k in big:
             try:
-                jobs[k] = self.decode_pool.submit(reduced_crop, bytes(enc[k]), boxes[k].tolist(), scale=int(scales[k]), crop=self.crop)
+                jobs[k] = self.decode_pool.submit(
+                    reduced_crop, bytes(enc[k]), boxes[k].tolist(), scale=int(scales[k]), crop=self.crop, **interp
+                )  # fmt: skip
             except RuntimeError:  # closed by close(): DALI decodes the rest at full scale
                 break
             enc[k] = placeholder_jpeg()

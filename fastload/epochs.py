@@ -148,7 +148,7 @@ class EpochRun:
                 raise LoaderError(f"{where} failed to decode: {(why or type(e).__name__)[:200]}") from e
         images = finish_crops(
             cpu_samples(tl), flips, crop=core.crop, mean=core.mean, std=core.std,
-            dtype=core.dtype, channels_last=core.channels_last, finished=finished,
+            dtype=core.dtype, channels_last=core.channels_last, finished=finished, interpolation=core.interpolation,
         )  # fmt: skip
         return images, torch.from_numpy(labels_np), None
 

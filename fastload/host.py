@@ -43,6 +43,7 @@ def finish_crops(
     dtype: torch.dtype,
     channels_last: bool,
     finished: Mapping[int, np.ndarray] | None = None,
+    interpolation: str = "bilinear",
 ) -> torch.Tensor:
     """Resize DALI's decoded CPU crops to ``crop``x``crop``, flip, normalise: one batch tensor.
 
@@ -74,10 +75,11 @@ def finish_crops(
     for i, hwc in done.items():
         if hwc.shape != (crop, crop, 3) or hwc.dtype != np.uint8:
             raise ValueError(f"finished crop {i} is {hwc.dtype} {hwc.shape}, not uint8 ({crop}, {crop}, 3)")
+    resample = PIL_FILTERS[interpolation]
     if crop * crop * 3 <= SMALL_CROP_BYTES and core_ops() is not None:
-        _finish_chunked(crops, flips, crop, dst_all, affine, done)
+        _finish_chunked(crops, flips, crop, dst_all, affine, done, resample)
     else:
-        _finish_each(crops, flips, crop, dst_all, affine, done)
+        _finish_each(crops, flips, crop, dst_all, affine, done, resample)
     return images if dtype in (torch.float32, torch.uint8) else images.to(dtype)
 
 
@@ -94,25 +96,25 @@ SMALL_CROP_BYTES = 28 * 1024
 CHUNK = 16
 
 
-def _finish_each(crops, flips, crop: int, dst_all: np.ndarray, affine, done: Mapping[int, np.ndarray]) -> None:
+def _finish_each(crops, flips, crop: int, dst_all: np.ndarray, affine, done: Mapping[int, np.ndarray], resample: int) -> None:
     from PIL import Image
 
-    resize, bilinear, frombuffer = Image.Image.resize, Image.BILINEAR, Image.frombuffer
+    resize, frombuffer = Image.Image.resize, Image.frombuffer
     for i in range(len(dst_all)):
         if i in done:
             chw = done[i].transpose(2, 0, 1)
         else:
             hwc = np.ascontiguousarray(crops[i])  # DALI's buffer, no copy
             src = frombuffer("RGB", (hwc.shape[1], hwc.shape[0]), hwc, "raw", "RGB", 0, 1)
-            chw = np.asarray(resize(src, (crop, crop), bilinear)).transpose(2, 0, 1)
+            chw = np.asarray(resize(src, (crop, crop), resample)).transpose(2, 0, 1)
         if flips[i]:
             chw = chw[:, :, ::-1]  # a view: the flip happens in the write below
         _write(dst_all[i], chw, affine)
 
 
-def _finish_chunked(crops, flips, crop: int, dst_all: np.ndarray, affine, done: Mapping[int, np.ndarray]) -> None:
+def _finish_chunked(crops, flips, crop: int, dst_all: np.ndarray, affine, done: Mapping[int, np.ndarray], resample: int) -> None:
     n = len(dst_all)
-    canvas = _Canvas(crop, min(CHUNK, n), core_ops())
+    canvas = _Canvas(crop, min(CHUNK, n), core_ops(), resample=resample)
     for s in range(0, n, CHUNK):
         k = min(CHUNK, n - s)
         for j in range(k):
@@ -133,9 +135,10 @@ class _Canvas:
     the public calls' pixels.
     """
 
-    def __init__(self, crop: int, rows: int, ops: tuple[Callable[..., Any], Callable[..., Any]] | None) -> None:
+    def __init__(self, crop: int, rows: int, ops: tuple[Callable[..., Any], Callable[..., Any]] | None, *, resample: int = 2) -> None:
         from PIL import Image
 
+        self.resample = resample
         if ops is None:
             raise RuntimeError("PIL's C image calls are not usable here (see fastload.host.core_ops)")
         self.new, self.decoder = ops
@@ -157,7 +160,7 @@ class _Canvas:
         if status[0] >= 0 or status[1] != 0:  # as Image.frombytes: too few bytes, or a decoder error
             raise ValueError(f"cannot read a {w}x{h} RGB crop")
         if (w, h) != (c, c):
-            im = im.resize((c, c), _BILINEAR, (0, 0, w, h))
+            im = im.resize((c, c), self.resample, (0, 0, w, h))
         self.image.paste(im, (0, c * j, c, c * j + c))
         if flip:  # in place, in the cache (PIL's transpose costs ~8 us an image)
             cell = self.words[j]  # pixels as 32-bit words: 1.5 us a 56x56 cell, 12.7 as bytes
@@ -165,6 +168,9 @@ class _Canvas:
 
 
 _BILINEAR = 2  # PIL.Image.Resampling.BILINEAR
+#: PIL's resampling filter of each interpolation name (fastload.settings.INTERPOLATIONS): what
+#: torchvision's PIL path passes for InterpolationMode.NEAREST/BILINEAR/BICUBIC/LANCZOS.
+PIL_FILTERS = {"nearest": 0, "bilinear": 2, "bicubic": 3, "lanczos": 1}
 _CORE: list = []  # [ops or None] once checked
 _CORE_LOCK = threading.Lock()
 
@@ -212,14 +218,14 @@ def _affine(mean: tuple[float, float, float], std: tuple[float, float, float] | 
     return scale, shift
 
 
-def eval_crop(image: np.ndarray, *, resize: int, crop: int) -> np.ndarray:
-    """torchvision's ``Resize(resize)`` + ``CenterCrop(crop)`` of an HWC uint8 RGB image (bilinear, antialiased)."""
+def eval_crop(image: np.ndarray, *, resize: int, crop: int, interpolation: str = "bilinear") -> np.ndarray:
+    """torchvision's ``Resize(resize)`` + ``CenterCrop(crop)`` of an HWC uint8 RGB image (PIL's filter of ``interpolation``)."""
     from PIL import Image
 
     h, w = image.shape[:2]
     (nh, nw), (left, top) = (v.astype(int).tolist() for v in (a[0] for a in eval_params([w], [h], resize=resize, crop=crop)))
     src = Image.frombuffer("RGB", (w, h), np.ascontiguousarray(image), "raw", "RGB", 0, 1)
-    out = np.asarray(src.resize((nw, nh), Image.BILINEAR))
+    out = np.asarray(src.resize((nw, nh), PIL_FILTERS[interpolation]))
     return out[top : top + crop, left : left + crop]
 
 
@@ -246,7 +252,7 @@ def reduced_scales(boxes: np.ndarray, widths: np.ndarray, heights: np.ndarray, *
     return scales
 
 
-def reduced_crop(payload: bytes, box, *, scale: int, crop: int) -> np.ndarray:
+def reduced_crop(payload: bytes, box, *, scale: int, crop: int, interpolation: str = "bilinear") -> np.ndarray:
     """Decode a JPEG at ``1/scale`` (libjpeg-turbo's DCT scaling) and resize its crop window: HWC uint8 ``crop``x``crop``.
 
     The window ``(x, y, w, h)`` is in full-scale pixels. libjpeg's scaled pixel ``i`` is
@@ -274,7 +280,7 @@ def reduced_crop(payload: bytes, box, *, scale: int, crop: int) -> np.ndarray:
         if im.mode != "RGB":
             im = im.convert("RGB")
         src = (x / sx, y / sy, min((x + w) / sx, sw), min((y + h) / sy, sh))
-        out = im.resize((crop, crop), Image.BILINEAR, box=src)
+        out = im.resize((crop, crop), PIL_FILTERS[interpolation], box=src)
     return np.asarray(out)
 
 

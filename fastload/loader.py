@@ -290,6 +290,8 @@ class FastLoader:
         mean, std: per-channel normalisation in 0..1 units; both None gives uint8 images.
         dtype: ``torch.float32``, ``torch.float16`` or ``torch.bfloat16`` (ignored for uint8 output).
         channels_last: return images in channels-last memory format.
+        interpolation: the resampling filter of every resize: ``"bilinear"`` (default), ``"bicubic"``
+            or ``"lanczos"`` (antialiased, torchvision's names; a transform's own is kept).
         device: ``"cuda"``/``"cuda:N"`` (GPU decoding), ``"cpu"`` (DALI's CPU pipeline), None (CUDA if present).
         num_threads: DALI CPU threads (default: this process's share of the cores; a GPU
             pipeline uses at most :data:`fastload.pipeline.GPU_THREADS`, 4: see docs/gpu.md).
@@ -344,6 +346,7 @@ class FastLoader:
         std: Sequence[float] | None | Any = _UNSET,
         dtype: torch.dtype | None = None,
         channels_last: bool | None = None,
+        interpolation: str | None = None,
         device: str | torch.device | None = None,
         num_threads: int | None = None,
         prefetch: int = 2,
@@ -375,7 +378,7 @@ class FastLoader:
         #    the disk or DALI is touched
         source = _resolve_source(dataset, transform)
         given = dict(train=train, crop=crop, scale=scale, ratio=ratio, flip=flip, resize=resize, mean=mean, std=std,
-                     dtype=dtype, channels_last=channels_last)  # fmt: skip
+                     dtype=dtype, channels_last=channels_last, interpolation=interpolation)  # fmt: skip
         batch_size = _check_batch_size(batch_size, batch_sampler)
         augment = Augment.merged(source.settings, {k: v for k, v in given.items() if _given(k, v)})
         if shuffle is None:  # DataLoader's default (False) wherever a DataLoader call is being replaced
@@ -490,7 +493,8 @@ class FastLoader:
     def _view_settings(self) -> dict[str, Any]:
         """The image settings ``loader.dataset`` processes its items with."""
         return {"train": self.train, "crop": self.crop, "resize": self.resize, "scale": self.scale,
-                "ratio": self.ratio, "flip": self.flip, "mean": self.mean, "std": self.std, "seed": self.seed}  # fmt: skip
+                "ratio": self.ratio, "flip": self.flip, "mean": self.mean, "std": self.std, "seed": self.seed,
+                "interpolation": self.augment.interpolation}  # fmt: skip
 
     def _retransform(self, transform: Any) -> dict[str, Any]:
         """``loader.dataset.transform = transform``: run it from the next ``iter()`` on (a new pipeline).

@@ -89,6 +89,7 @@ class GraphSpec:
     prefetch: int
     hw_decoder_load: float | None
     host_finish: bool = False  # training on CPU: return the decoded crops; the loader resizes them
+    interpolation: str = "bilinear"  # fastload.settings.INTERPOLATIONS: DALI's interp_type of every resize
     # the mixed decoder's buffers (see decoder_sizing); ignored on the CPU
     device_memory_padding: int = DALI_DEVICE_PADDING
     host_memory_padding: int = DALI_HOST_PADDING
@@ -256,6 +257,10 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
     dec_kw = decoder_args(spec)
     out_dtype = {"float32": types.FLOAT, "float16": types.FLOAT16, "uint8": types.UINT8}[spec.out_dtype]
     layout = "HWC" if spec.channels_last else "CHW"
+    interp = {"nearest": types.INTERP_NN, "bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC,
+              "lanczos": types.INTERP_LANCZOS3}[spec.interpolation]  # fmt: skip
+    # torchvision's PIL path: antialiased except nearest (PIL's NEAREST picks the source pixel)
+    resize_kw = {"interp_type": interp, "antialias": spec.interpolation != "nearest"}
 
     @dali.pipeline_def(
         batch_size=spec.batch_size,
@@ -283,14 +288,14 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
             img = fn.decoders.image_slice(
                 enc, anchor, shape, device=dec_device, normalized_anchor=False, normalized_shape=False, **dec_kw
             )
-            img = fn.resize(img, device=op_device, size=[spec.crop, spec.crop], antialias=True)
+            img = fn.resize(img, device=op_device, size=[spec.crop, spec.crop], **resize_kw)
             crop_kw: dict = {"mirror": flip}
         else:  # torchvision's Resize + CenterCrop, exactly: sizes and corners come from the host
             enc, size, corner = fn.external_source(
                 source=source, num_outputs=3, batch=True, dtype=[types.UINT8, types.FLOAT, types.FLOAT], ndim=[1, 1, 1]
             )
             img = fn.decoders.image(enc, device=dec_device, **dec_kw)
-            img = fn.resize(img, device=op_device, size=size, antialias=True)  # size is (height, width)
+            img = fn.resize(img, device=op_device, size=size, **resize_kw)  # size is (height, width)
             img = fn.slice(img, corner, [float(spec.crop), float(spec.crop)], normalized_anchor=False, normalized_shape=False)
             crop_kw = {}
         if spec.mean is None:

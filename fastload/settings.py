@@ -27,8 +27,12 @@ MAX_SIDE = 8192
 #: The output dtypes of a normalised batch.
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
+#: The resampling filters every resize may use (torchvision's names), on the CPU and the GPU path alike
+#: (not "nearest": DALI's nearest neighbour picks other source pixels than PIL's).
+INTERPOLATIONS = ("bilinear", "bicubic", "lanczos")
+
 #: The settings' names, in the order they are checked.
-FIELDS = ("train", "crop", "scale", "ratio", "flip", "resize", "mean", "std", "dtype", "channels_last")
+FIELDS = ("train", "crop", "scale", "ratio", "flip", "resize", "mean", "std", "dtype", "channels_last", "interpolation")
 
 
 def check_pair(name: str, value: Any, *, lo: float, hi: float | None = None) -> tuple[float, float]:
@@ -80,6 +84,8 @@ class Augment:
         mean, std: per-channel normalisation in 0..1 units; both None gives uint8 images.
         dtype: ``torch.float32``, ``torch.float16`` or ``torch.bfloat16`` (unused for uint8 output).
         channels_last: images in channels-last memory format.
+        interpolation: the resampling filter of every resize, torchvision's name: ``"bilinear"``
+            (the default), ``"bicubic"`` or ``"lanczos"`` (antialiased).
 
     Raises:
         ConfigError: a value out of its range or of the wrong kind, naming the setting and the value.
@@ -95,6 +101,7 @@ class Augment:
     std: tuple[float, float, float] | None = IMAGENET_STD
     dtype: torch.dtype = torch.float32
     channels_last: bool = False
+    interpolation: str = "bilinear"
 
     def __post_init__(self) -> None:
         put = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen: set once, here
@@ -119,6 +126,10 @@ class Augment:
         if self.dtype not in FLOAT_DTYPES:
             raise ConfigError(f"dtype must be torch.float32, torch.float16 or torch.bfloat16, got {self.dtype!r}")
         put("channels_last", bool(self.channels_last))
+        if self.interpolation not in INTERPOLATIONS:
+            raise ConfigError(
+                f"interpolation must be one of {', '.join(map(repr, INTERPOLATIONS))}, got {self.interpolation!r}"
+            )
 
     @classmethod
     def merged(cls, *layers: "Augment | dict[str, Any] | None") -> "Augment":

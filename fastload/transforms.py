@@ -40,10 +40,12 @@ timm's ``RandomResizedCropAndInterpolation``, ``MaybeToTensor`` and
 ``MaybePILToTensor`` (what ``timm.data.create_transform`` builds) are read as
 torchvision's ``RandomResizedCrop``, ``ToTensor`` and ``PILToTensor``.
 
-Interpolation: only ``InterpolationMode.BILINEAR`` (the default; or PIL's
-``Image.BILINEAR``), antialiased: that is what FastLoader runs (PIL's bilinear filter
-on the CPU training path, DALI's linear resize with antialiasing elsewhere). BICUBIC,
-NEAREST, LANCZOS, BOX, HAMMING and NEAREST_EXACT are refused. ``antialias=False`` (or
+Interpolation: ``BILINEAR`` (the default), ``BICUBIC`` and ``LANCZOS`` (or PIL's codes for
+them, as timm passes), kept as ``Augment.interpolation``: PIL's filter on the CPU training
+path, DALI's antialiased ``INTERP_LINEAR``/``CUBIC``/``LANCZOS3`` resize elsewhere (within
+one level of torchvision's PIL path in evaluation, two in training, measured). NEAREST is
+refused (DALI's nearest neighbour picks other source pixels than PIL's: up to 52 levels
+apart), and so are BOX, HAMMING and NEAREST_EXACT. ``antialias=False`` (or
 None) is refused where torchvision honours it, on a tensor; on a PIL image torchvision
 ignores it (PIL always antialiases), so it is accepted there.
 """
@@ -271,12 +273,13 @@ def _side(step: _Step, value: Any, what: str, *, allow_pair: bool) -> int:
     return n
 
 
-def _interpolation(step: _Step, t: Any, tv: _TV, tensor: bool) -> None:
+def _interpolation(step: _Step, t: Any, tv: _TV, tensor: bool) -> str:
+    """The step's resampling filter, one of fastload.settings.INTERPOLATIONS, or a ConfigError."""
     mode = getattr(t, "interpolation", "bilinear")
     if isinstance(mode, (tuple, list)):  # timm's interpolation="random"
         raise step.fail(
-            "a random choice of interpolation: FastLoader resizes with bilinear only (antialiased); "
-            "use interpolation='bilinear'"
+            "a random choice of interpolation: FastLoader resizes every image with one filter; "
+            "use interpolation='bilinear' or 'bicubic'"
         )
     if isinstance(mode, tv.mode):
         name = mode.value
@@ -286,16 +289,18 @@ def _interpolation(step: _Step, t: Any, tv: _TV, tensor: bool) -> None:
         name = _PIL_CODES.get(int(mode), str(mode))
     else:
         name = repr(mode)
-    if name != "bilinear":
+    if name not in ("bilinear", "bicubic", "lanczos"):
         raise step.fail(
-            f"interpolation {name.upper()} is not what FastLoader resizes with (bilinear, antialiased: PIL's filter "
-            "on the CPU, DALI's linear+antialias on the GPU); use interpolation=InterpolationMode.BILINEAR (the default)"
+            f"interpolation {name.upper()} is not one FastLoader resizes with as torchvision does (BILINEAR, BICUBIC, "
+            "LANCZOS: PIL's filter on the CPU, DALI's on the GPU; DALI's NEAREST picks other pixels than PIL's); "
+            "use one of those"
         )
-    if tensor and getattr(t, "antialias", True) is not True:
+    if tensor and name != "nearest" and getattr(t, "antialias", True) is not True:
         raise step.fail(
             f"antialias={getattr(t, 'antialias', None)!r} on a tensor image (not antialiased): FastLoader always "
             "resizes with antialiasing; use antialias=True (the default)"
         )
+    return name
 
 
 def _pair(step: _Step, value: Any, what: str, *, lo: float, hi: float | None) -> tuple[float, float]:
@@ -368,11 +373,12 @@ class _Shape:
         self.flip = 0.0
         self.flip_step: _Step | None = None
         self.shape_step: _Step | None = None  # the RandomResizedCrop or Resize that set the form
+        self.interpolation = "bilinear"
 
     def rrc(self, step: _Step, t: Any, tv: _TV, st: _State) -> None:
         if self.form is not None:
             raise step.fail(_second_crop(self.form, self.shape_step))
-        _interpolation(step, t, tv, st.tensor)
+        self.interpolation = _interpolation(step, t, tv, st.tensor)
         self.crop = _side(step, t.size, "crop size", allow_pair=True)
         self.scale = _pair(step, t.scale, "scale", lo=0.0, hi=1.0)
         self.ratio = _pair(step, t.ratio, "ratio", lo=1e-6, hi=None)
@@ -383,7 +389,7 @@ class _Shape:
             raise step.fail(_second_crop(self.form, self.shape_step))
         if self.flip_step is not None:
             raise self.flip_step.fail(_FLIP_IN_EVAL)
-        _interpolation(step, t, tv, st.tensor)
+        self.interpolation = _interpolation(step, t, tv, st.tensor)
         if getattr(t, "max_size", None) is not None:
             raise step.fail(
                 "max_size caps the longer side, so the shorter one can end below the crop; FastLoader resizes the "
@@ -571,6 +577,7 @@ def _result(transform: Any, shape: _Shape, st: _State, tv: _TV) -> "Augment":
         mean=None if uint8 else tuple(st.M),
         std=None if uint8 else tuple(st.S),
         dtype=tv.torch.float32 if uint8 else st.dtype,
+        interpolation=shape.interpolation,
     )
 
 

@@ -136,6 +136,7 @@ class LoaderDataset(torch.utils.data.Dataset):
             i += len(self)
         _header, payload = self.packed.record(i)  # IndexError for an index out of range
         s = self._settings
+        interp = s.get("interpolation", "bilinear")
         with Image.open(io.BytesIO(payload)) as im:
             rgb = np.asarray(im.convert("RGB"))
         if s["train"]:
@@ -146,8 +147,11 @@ class LoaderDataset(torch.utils.data.Dataset):
             x, y, w, h = (int(v) for v in boxes[0])
             crops, flip = [rgb[y : y + h, x : x + w]], flips
         else:
-            crops, flip = [eval_crop(rgb, resize=s["resize"], crop=s["crop"])], np.zeros(1, dtype=bool)
-        batch = finish_crops(crops, flip, crop=s["crop"], mean=s["mean"], std=s["std"], dtype=torch.float32, channels_last=False)
+            crops, flip = [eval_crop(rgb, resize=s["resize"], crop=s["crop"], interpolation=interp)], np.zeros(1, dtype=bool)
+        batch = finish_crops(
+            crops, flip, crop=s["crop"], mean=s["mean"], std=s["std"], dtype=torch.float32, channels_last=False,
+            interpolation=interp,
+        )  # fmt: skip
         return batch[0], int(self._labels[i])
 
     def __repr__(self) -> str:

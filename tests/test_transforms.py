@@ -209,7 +209,8 @@ def test_timm_transforms_are_read_like_torchvision():
     _refused(timm_data.create_transform(224, is_training=True), "ColorJitter", "has no FastLoader equivalent")
     random = timm_data.create_transform(224, is_training=True, color_jitter=None, interpolation="random")
     _refused(random, "RandomResizedCropAndInterpolation", "random choice of interpolation", "step 1 of 4")
-    _refused(timm_data.create_transform(224, is_training=False, interpolation="bicubic"), "BICUBIC", "step 1 of 4")
+    bicubic = translate_augment(timm_data.create_transform(224, is_training=False, interpolation="bicubic"))
+    assert (bicubic.interpolation, bicubic.train, bicubic.crop) == ("bicubic", False, 224)  # DeiT's evaluation
 
 
 def test_timm_like_torchvision_eval_with_crop_pct():
@@ -298,10 +299,9 @@ def test_sizes_fastloader_cannot_produce(api):
 
 @APIS
 @pytest.mark.parametrize(
-    "mode", [InterpolationMode.BICUBIC, InterpolationMode.NEAREST, InterpolationMode.LANCZOS, InterpolationMode.BOX,
-             InterpolationMode.HAMMING, InterpolationMode.NEAREST_EXACT],
+    "mode", [InterpolationMode.NEAREST, InterpolationMode.BOX, InterpolationMode.HAMMING, InterpolationMode.NEAREST_EXACT],
 )  # fmt: skip
-def test_interpolations_other_than_bilinear(api, mode):
+def test_interpolations_fastload_cannot_match_are_refused(api, mode):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -309,8 +309,22 @@ def test_interpolations_other_than_bilinear(api, mode):
             resize = api.Resize(40, interpolation=mode)
         except (ValueError, TypeError):  # not every mode exists in every API
             pytest.skip(f"{mode} not accepted by this API")
-    _refused(api.Compose([rrc, *_to_float(api)]), mode.value.upper(), "BILINEAR", "step 1 of")
+    _refused(api.Compose([rrc, *_to_float(api)]), mode.value.upper(), "BILINEAR, BICUBIC", "step 1 of")
     _refused(api.Compose([resize, api.CenterCrop(32), *_to_float(api)]), mode.value.upper())
+
+
+@APIS
+@pytest.mark.parametrize("mode", [InterpolationMode.BILINEAR, InterpolationMode.BICUBIC, InterpolationMode.LANCZOS])
+def test_interpolations_fastload_runs_are_kept(api, mode):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            rrc = api.RandomResizedCrop(32, interpolation=mode)
+            resize = api.Resize(40, interpolation=mode)
+        except (ValueError, TypeError):
+            pytest.skip(f"{mode} not accepted by this API")
+    assert translate_augment(api.Compose([rrc, *_to_float(api)])).interpolation == mode.value
+    assert translate_augment(api.Compose([resize, api.CenterCrop(32), *_to_float(api)])).interpolation == mode.value
 
 
 @APIS
@@ -328,7 +342,8 @@ def test_pil_integer_interpolation_codes():
         warnings.simplefilter("ignore")
         bilinear = translate(T.Compose([T.RandomResizedCrop(32, interpolation=Image.BILINEAR), T.ToTensor()]))
         assert bilinear["crop"] == 32
-        _refused(T.Compose([T.RandomResizedCrop(32, interpolation=Image.BICUBIC), T.ToTensor()]), "BICUBIC")
+        assert translate_augment(T.Compose([T.RandomResizedCrop(32, interpolation=Image.BICUBIC), T.ToTensor()])).interpolation == "bicubic"
+        _refused(T.Compose([T.RandomResizedCrop(32, interpolation=Image.NEAREST), T.ToTensor()]), "NEAREST")
 
 
 def test_dtypes_and_values_fastloader_cannot_produce():
