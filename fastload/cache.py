@@ -46,6 +46,15 @@ dataset's class names instead (the records then name ``dataset[i]`` rather than 
 An image that cannot be packed (corrupt, not an image) is an error naming it, and no entry
 is made: FastLoader reads a torchvision dataset by its indices (a ``DistributedSampler``
 over it, ``Subset``), so the entry holds every sample at the dataset's own index or none.
+
+Torch's dataset objects around such datasets: :func:`plan_dataset` walks ``Subset`` (what
+``random_split`` returns) and ``ConcatDataset``, nested in any way, down to their file
+datasets (``ImageFolder``, ``DatasetFolder``, ``ImageNet``: its classes are tuples of names,
+its entry stores its ``wnids``) and packed :class:`Dataset` objects, checks each, and
+refuses what it cannot reproduce before anything is packed. :meth:`DatasetPlan.open` packs
+each file dataset into its own entry (the same entry it has alone: nothing is packed twice)
+and returns a :class:`fastload.composite.DatasetView` whose position ``p`` is the user's
+``dataset[p]``. :func:`resolve_dataset` does both.
 """
 
 from __future__ import annotations
@@ -63,7 +72,7 @@ import socket
 import stat
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -83,7 +92,10 @@ except ImportError:  # pragma: no cover - not POSIX
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CACHE_ENV", "CACHE_VERSION", "cache_entry", "cached_pack", "check_reproducible", "default_cache_dir"]
+__all__ = [
+    "CACHE_ENV", "CACHE_VERSION", "DatasetPlan", "Resolved", "cache_entry", "cached_pack", "check_reproducible",
+    "default_cache_dir", "plan_dataset", "resolve_dataset",
+]  # fmt: skip
 
 #: Bumped when what the cache packs for a dataset changes (the pack options below, the list layout).
 #: 2: the pixels of torchvision's pil_loader (no EXIF orientation, 16-bit clipped, converted
@@ -232,6 +244,23 @@ def check_reproducible(dataset: Any) -> None:
     _check_loader(dataset, desc)
 
 
+def _class_names(dataset: Any, classes: list[Any], desc: str) -> list[str]:
+    """The names the entry stores: ``classes``, or for torchvision's ``ImageNet`` (whose
+    ``classes`` are tuples of names, its targets indices of ``wnids``) its ``wnids``."""
+    if len(classes) > MAX_CLASSES:
+        raise ConfigError(f"{desc}: {len(classes)} classes; at most {MAX_CLASSES} (MAX_CLASSES) are supported")
+    bad = next((c for c in classes if not isinstance(c, str)), None)
+    if bad is None:
+        return classes
+    wnids = getattr(dataset, "wnids", None)
+    if (
+        isinstance(wnids, (list, tuple)) and len(wnids) == len(classes) and all(isinstance(w, str) for w in wnids)
+        and all(isinstance(c, (tuple, list)) for c in classes)
+    ):  # fmt: skip
+        return list(wnids)  # ImageNet: targets index wnids, the folders' names
+    raise ConfigError(f"{desc}: class name {printable(repr(bad))[:80]} is not a string; `classes` must be names")
+
+
 def _files(dataset: Any) -> _Files:
     desc, root = _describe(dataset)
     check_reproducible(dataset)
@@ -244,12 +273,7 @@ def _files(dataset: Any) -> _Files:
     if classes_attr is not None:
         if isinstance(classes_attr, (str, bytes)) or not hasattr(classes_attr, "__iter__"):
             raise ConfigError(f"{desc}: `classes` must be a list of class names, got {type(classes_attr).__name__}")
-        classes = list(classes_attr)
-        if len(classes) > MAX_CLASSES:
-            raise ConfigError(f"{desc}: {len(classes)} classes; at most {MAX_CLASSES} (MAX_CLASSES) are supported")
-        bad = next((c for c in classes if not isinstance(c, str)), None)
-        if bad is not None:
-            raise ConfigError(f"{desc}: class name {printable(repr(bad))[:80]} is not a string; `classes` must be names")
+        classes = _class_names(dataset, list(classes_attr), desc)
     paths: list[str] = []
     labels: list[int] = []
     for i, item in enumerate(samples):
@@ -598,7 +622,11 @@ def cached_pack(dataset: Any, *, cache_dir: str | os.PathLike | None = None, pro
             resumed by the next call).
         FormatError: an existing entry is damaged (the message says to remove it).
     """
-    files = _files(dataset)
+    return _pack_files(_files(dataset), cache_dir=cache_dir, progress=progress)
+
+
+def _pack_files(files: _Files, *, cache_dir: str | os.PathLike | None, progress: bool) -> Path:
+    """:func:`cached_pack` of a dataset's checked files."""
     base = _ensure_dir(default_cache_dir(cache_dir), cache_dir is None and bool(os.environ.get(CACHE_ENV)))
     entry = base / f"{_slug(files.root)}-{_key(files)[:32]}"
     if _finished(entry, files):
@@ -614,3 +642,238 @@ def cached_pack(dataset: Any, *, cache_dir: str | os.PathLike | None = None, pro
         except PackError as e:
             raise PackError(f"cannot pack {files.desc} into cache entry {printable(str(entry))}: {e}") from None
     return entry
+
+
+# ============================================================================ torch dataset objects
+
+#: How deep Subsets and ConcatDatasets may nest.
+MAX_DEPTH = 64
+_TO_PACK = "pack it once with fastload.pack_dataset(dataset, OUT) and pass OUT (or Subset(fastload.Dataset(OUT), indices))"
+
+
+class _Leaf:
+    """A dataset at the bottom of a Subset/ConcatDataset tree: a file dataset (packed through the
+    cache) or a packed :class:`Dataset`; its transforms and classes as the user's objects hold them."""
+
+    def __init__(self, obj: Any, where: str, files: _Files | None) -> None:
+        self.obj, self.where, self.files = obj, where, files
+        self.transform = getattr(obj, "transform", None) if files is not None else None
+        self.target_transform = getattr(obj, "target_transform", None) if files is not None else None
+        own = getattr(obj, "classes", None) if files is not None else obj.classes
+        self.classes = list(own) if own is not None else list(files.classes)  # type: ignore[union-attr]
+        self.size = len(files.paths) if files is not None else len(obj)
+
+
+def _owner(cls: type, name: str) -> type | None:
+    return next((c for c in cls.__mro__ if name in vars(c)), None)
+
+
+def _overridden(obj: Any, base: type, where: str, methods: tuple[str, ...]) -> None:
+    """Refuse a subclass of torch's ``base`` overriding what ``obj[i]`` (or its length) is."""
+    import torch.utils.data as tud
+
+    for name in methods:
+        owner = _owner(type(obj), name)
+        if owner is not None and owner not in (base, tud.Dataset, object):
+            raise ConfigError(
+                f"{where}: {printable(owner.__qualname__)}.{name} overrides {base.__name__}.{name}, which FastLoader cannot "
+                f"reproduce (it reads the samples {base.__name__} would give); {_TO_PACK}"
+            )
+
+
+def _refuse(obj: Any, where: str) -> ConfigError:
+    """Why FastLoader cannot read ``obj``: the method that builds its items, and what to do."""
+    import torch.utils.data as tud
+
+    cls = type(obj)
+    names = ("__iter__", "__getitem__") if isinstance(obj, tud.IterableDataset) else ("__getitem__", "__iter__")
+    for name in names:
+        owner = _owner(cls, name)
+        if owner is not None and owner not in (object, tud.Dataset, tud.IterableDataset):
+            how = "builds each item in Python" if name == "__getitem__" else "yields its items in Python (an IterableDataset)"
+            return ConfigError(
+                f"{where}: {printable(owner.__qualname__)}.{name} {how}, which FastLoader cannot reproduce (it reads "
+                f"packed images: ImageFolder/DatasetFolder files, packed datasets, and Subsets and ConcatDatasets of them); "
+                f"{_TO_PACK}"
+            )
+    return ConfigError(f"{where}: a {printable(cls.__qualname__)} is not a dataset FastLoader can read; {_TO_PACK}")
+
+
+def _walk(obj: Any, where: str, leaves: list[_Leaf], depth: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(leaf of each item, its index in that leaf)`` of ``obj``, whose leaves are appended to ``leaves``."""
+    import torch.utils.data as tud
+
+    from .composite import positions
+
+    if depth > MAX_DEPTH:
+        raise ConfigError(f"{where}: Subsets and ConcatDatasets nested more than {MAX_DEPTH} deep")
+    if isinstance(obj, Dataset):  # packed already (a DatasetView too)
+        leaves.append(_Leaf(obj, where, None))
+    elif isinstance(obj, tud.Subset):
+        _overridden(obj, tud.Subset, where, ("__getitem__", "__getitems__", "__len__"))
+        which, index = _walk(obj.dataset, f"{where}.dataset", leaves, depth + 1)
+        idx = positions(obj.indices, len(which), what=f"{where}.indices")
+        return which[idx], index[idx]
+    elif isinstance(obj, tud.ConcatDataset):
+        _overridden(obj, tud.ConcatDataset, where, ("__getitem__", "__getitems__", "__len__"))
+        parts = [_walk(d, f"{where}.datasets[{k}]", leaves, depth + 1) for k, d in enumerate(obj.datasets)]
+        if not parts:
+            raise ConfigError(f"{where}: a ConcatDataset of no datasets")
+        return np.concatenate([w for w, _ in parts]), np.concatenate([i for _, i in parts])
+    elif isinstance(getattr(obj, "packed", None), Dataset):  # another loader's .dataset
+        raise ConfigError(
+            f"{where}: a FastLoader's .dataset inside a Subset or ConcatDataset; give FastLoader "
+            "fastload.composite.subset(loader.dataset.packed, indices) with the loader's transform or settings"
+        )
+    elif getattr(obj, "samples", None) is not None:  # ImageFolder/DatasetFolder/ImageNet, or duck-typed
+        try:
+            leaves.append(_Leaf(obj, where, _files(obj)))
+        except ConfigError as e:
+            raise (e if depth == 0 else ConfigError(f"{where}: {e}")) from None
+    else:
+        raise _refuse(obj, where)
+    k = len(leaves) - 1
+    return np.full(leaves[k].size, k, dtype=np.int32), np.arange(leaves[k].size, dtype=np.int64)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two transforms are the same: one object, equal, or of one repr showing no address."""
+    if a is b:
+        return True
+    try:
+        if bool(a == b):
+            return True
+    except Exception:  # noqa: BLE001 - a user's __eq__
+        pass
+    ra, rb = repr(a), repr(b)
+    return ra == rb and " at 0x" not in ra
+
+
+class DatasetPlan:
+    """What :func:`plan_dataset` found: the transforms to translate, and how to open the data.
+
+    Attributes:
+        name: how the dataset is named in messages (``Subset(ImageFolder(/data))``).
+        transform, target_transform: the innermost file datasets' (a Subset has none).
+        classes, class_to_idx: the user's dataset's own (``ImageNet``: tuples of names,
+            each name to its index), which may differ from the stored names (its wnids).
+        root: the first file dataset's ``root`` ("" when there is none).
+        samples: ``(path, target)`` of each item in the user's index order, as the file
+            datasets hold them; None where an item comes from a packed dataset.
+    """
+
+    def __init__(self, obj: Any, leaves: list[_Leaf], which: np.ndarray, index: np.ndarray, name: str) -> None:
+        self.obj, self.name = obj, name
+        self._leaves, self._which, self._index = leaves, which, index
+        first = leaves[0]
+        self.transform, self.target_transform = first.transform, first.target_transform
+        self.classes = first.classes
+        c2i = getattr(first.obj, "class_to_idx", None) if first.files is not None else None
+        self.class_to_idx = dict(c2i) if isinstance(c2i, dict) else {c: i for i, c in enumerate(self.classes)}
+        roots = (getattr(lf.obj, "root", None) for lf in leaves if lf.files is not None)
+        self.root = next((str(r) for r in roots if r is not None), "")
+
+    @property
+    def samples(self) -> list[tuple[str, int]] | None:
+        if any(lf.files is None for lf in self._leaves):
+            return None
+        own = [lf.obj.samples for lf in self._leaves]
+        return [(own[k][j][0], int(own[k][j][1])) for k, j in zip(self._which.tolist(), self._index.tolist())]
+
+    def open(self, *, cache_dir: str | os.PathLike | None = None, progress: bool = True, check: bool = False) -> Dataset:
+        """Pack each file dataset once (:func:`cached_pack`'s entry) and return what reads the user's items.
+
+        The dataset given was itself a file dataset: its entry as a :class:`Dataset`, as
+        before. Otherwise a :class:`fastload.composite.DatasetView` whose position ``p`` is
+        the user's ``dataset[p]``; its errors name ``p`` and the file.
+        """
+        from .composite import DatasetView, concat, subset
+
+        opened: dict[int, Dataset] = {}
+        entries: dict[int, Path] = {}  # one file dataset used twice is looked up once
+        for lf in self._leaves:
+            if lf.files is None:
+                opened[id(lf)] = lf.obj
+                continue
+            if id(lf.obj) not in entries:
+                entries[id(lf.obj)] = _pack_files(lf.files, cache_dir=cache_dir, progress=progress)
+            ds = Dataset(entries[id(lf.obj)], check=check)
+            n = len(ds)
+            opened[id(lf)] = DatasetView([ds], np.zeros(n, np.int32), np.arange(n), paths=[lf.files.paths], name=lf.files.desc)
+        if len(self._leaves) == 1 and self._leaves[0].obj is self.obj:
+            lf = self._leaves[0]
+            return opened[id(lf)].parts[0] if lf.files is not None else lf.obj  # type: ignore[attr-defined]
+        offsets = np.cumsum([0] + [lf.size for lf in self._leaves])
+        whole = concat([opened[id(lf)] for lf in self._leaves], name=self.name)
+        return subset(whole, offsets[self._which] + self._index, name=self.name)
+
+
+def _describe_tree(obj: Any) -> str:
+    import torch.utils.data as tud
+
+    if isinstance(obj, tud.Subset):
+        return f"Subset({_describe_tree(obj.dataset)})"
+    if isinstance(obj, tud.ConcatDataset):
+        return f"ConcatDataset({', '.join(_describe_tree(d) for d in obj.datasets)})"
+    if isinstance(obj, Dataset):
+        return printable(str(getattr(obj, "name", None) or obj.path))
+    return _describe(obj)[0]
+
+
+def plan_dataset(obj: Any) -> DatasetPlan:
+    """Check a torch dataset object FastLoader is given, before anything is packed or read.
+
+    Accepted: a torchvision ``ImageFolder``/``DatasetFolder`` (``ImageNet`` too) whose items
+    the cache reproduces (:func:`check_reproducible`), a packed :class:`Dataset`, and any
+    nesting of ``torch.utils.data.Subset`` (what ``random_split`` returns) and
+    ``ConcatDataset`` over them, whose file datasets have the same classes and the same
+    ``transform`` and ``target_transform``.
+
+    Raises:
+        ConfigError: naming the place in the tree (``dataset.datasets[1].dataset``), the class
+            and the method whose items cannot be reproduced, and what to do; or the two class
+            lists, or the two transforms, that differ.
+    """
+    name = _describe_tree(obj)
+    leaves: list[_Leaf] = []
+    which, index = _walk(obj, name, leaves)
+    first = leaves[0]
+    for lf in leaves[1:]:
+        why = _mismatch(first, lf)
+        if why is not None:
+            raise ConfigError(f"{name}: {why}")
+    return DatasetPlan(obj, leaves, which, index, name)
+
+
+def _mismatch(a: _Leaf, b: _Leaf) -> str | None:
+    """Why two leaves cannot be read as one dataset (classes or transforms differ), or None."""
+    from .composite import class_mismatch
+
+    why = class_mismatch(a.classes, b.classes, a.where, b.where)
+    if why is not None:
+        return f"{why}; concatenate datasets with the same classes"
+    for attr in ("transform", "target_transform"):
+        x, y = getattr(a, attr), getattr(b, attr)
+        if not _same(x, y):
+            return (
+                f"{a.where} has the {attr} {printable(repr(x))[:160]} and {b.where} {printable(repr(y))[:160]}: "
+                f"FastLoader runs one {attr} for the whole dataset; give every part the same one"
+            )
+    return None
+
+
+class Resolved(NamedTuple):
+    """What :func:`resolve_dataset` returns."""
+
+    dataset: Dataset  #: what the loader reads: a Dataset, or a DatasetView of the user's indices
+    transform: Any  #: the innermost file datasets' transform (None: none, or a packed dataset)
+    target_transform: Any
+    plan: DatasetPlan  #: root, samples, classes, class_to_idx as the user's objects have them
+
+
+def resolve_dataset(
+    obj: Any, *, cache_dir: str | os.PathLike | None = None, progress: bool = True, check: bool = False
+) -> Resolved:
+    """:func:`plan_dataset` then :meth:`DatasetPlan.open`: a torch dataset object as a packed dataset and its transforms."""
+    plan = plan_dataset(obj)
+    return Resolved(plan.open(cache_dir=cache_dir, progress=progress, check=check), plan.transform, plan.target_transform, plan)
