@@ -107,6 +107,45 @@ def train_params(
     return boxes, flips
 
 
+#: Mixed into the seed of the erasing draws, so that they are independent of the crop and flip draws.
+ERASE_SALT = 0x6A09E667F3BCC908
+
+
+def erase_params(
+    crop: int, *, seed: int, epoch: int, positions: np.ndarray, p: float,
+    scale: tuple[float, float], ratio: tuple[float, float], attempts: int = 10,
+) -> np.ndarray:  # fmt: skip
+    """torchvision ``RandomErasing``'s rectangles on ``crop`` x ``crop`` images, vectorised.
+
+    Per sample: erased with probability ``p``; then up to ``attempts`` draws of an area
+    ``crop^2 * U(scale)`` and a log-uniform aspect in ``ratio``, ``h = round(sqrt(area * aspect))``,
+    ``w = round(sqrt(area / aspect))``, the first with ``h < crop`` and ``w < crop`` taken, its
+    top-left corner uniform over the places it fits (``randint(0, crop - h + 1)``); none taken:
+    not erased (torchvision returns the image). A pure function of (seed, epoch, position).
+
+    Returns:
+        ``[n, 4]`` int64 ``(top, left, h, w)``; ``h == 0`` where nothing is erased.
+    """
+    n = len(positions)
+    u = uniforms(seed ^ ERASE_SALT, epoch, positions, 1 + 4 * attempts)
+    a = attempts
+    area = float(crop * crop) * (scale[0] + u[:, 1 : 1 + a] * (scale[1] - scale[0]))
+    lr0, lr1 = math.log(ratio[0]), math.log(ratio[1])
+    aspect = np.exp(lr0 + u[:, 1 + a : 1 + 2 * a] * (lr1 - lr0))
+    h = np.rint(np.sqrt(area * aspect)).astype(np.int64)  # Python's round: half to even, as np.rint
+    w = np.rint(np.sqrt(area / aspect)).astype(np.int64)
+    ok = (h < crop) & (w < crop)
+    first = np.argmax(ok, axis=1)
+    rows = np.arange(n)
+    take = ok[rows, first] & (u[:, 0] < p)
+    ch, cw = h[rows, first], w[rows, first]
+    top = np.floor(u[rows, 1 + 2 * a + first] * (crop - ch + 1)).astype(np.int64)
+    left = np.floor(u[rows, 1 + 3 * a + first] * (crop - cw + 1)).astype(np.int64)
+    out = np.stack([top, left, ch, cw], axis=1)
+    out[~take] = 0
+    return out
+
+
 def eval_params(widths: np.ndarray, heights: np.ndarray, *, resize: int, crop: int) -> tuple[np.ndarray, np.ndarray]:
     """torchvision's ``Resize(resize)`` + ``CenterCrop(crop)`` geometry, exactly, per image.
 

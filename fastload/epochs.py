@@ -24,6 +24,8 @@ import torch
 
 from .core import CLOSED, SUPERSEDED, Core
 from .errors import FastloadError, LoaderError
+from .augment import erase_params
+from .batchaug import erase
 from .host import finish_crops
 from .pipeline import cpu_samples
 from .sampler import Batch
@@ -152,11 +154,26 @@ class EpochRun:
         )  # fmt: skip
         return images, torch.from_numpy(labels_np), None
 
+    def _erased(self, images: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """``images`` (NCHW, or its channels-last view) with the batch's RandomErasing rectangles written."""
+        er = self.core.augment.erasing
+        if er is None:
+            return images
+        rects = erase_params(
+            self.core.crop, seed=self.core.seed, epoch=self.epoch, positions=batch.positions, p=er.p,
+            scale=er.scale, ratio=er.ratio,
+        )  # fmt: skip
+        return erase(images, rects, er.value)
+
     def _convert(self, tl, batch: Batch):
         core = self.core
         labels_np = core.labels[batch.indices]
         if core.host_finish:
-            return self._finished_on_host(tl, batch, labels_np)
+            done = self._finished_on_host(tl, batch, labels_np)
+            if done is None:  # stopping
+                return None
+            images, labels, event = done
+            return self._erased(images, batch), labels, event
         dali_tensor = tl.as_tensor()
         shape = dali_tensor.shape()
         torch_dtype = torch.uint8 if core.dtype == torch.uint8 else (
@@ -169,6 +186,9 @@ class EpochRun:
             feed_ndarray(dali_tensor, images)
             if core.dtype == torch.bfloat16:
                 images = images.to(torch.bfloat16)
+            if core.channels_last:
+                images = images.permute(0, 3, 1, 2)
+            images = self._erased(images, batch)
             labels = torch.from_numpy(labels_np)
             event = None
         else:
@@ -178,11 +198,12 @@ class EpochRun:
                 feed_ndarray(dali_tensor, images, cuda_stream=stream)
                 if core.dtype == torch.bfloat16:
                     images = images.to(torch.bfloat16)
+                if core.channels_last:
+                    images = images.permute(0, 3, 1, 2)  # NHWC storage == channels_last NCHW view
+                images = self._erased(images, batch)
                 labels = torch.from_numpy(labels_np).pin_memory().to(core.device, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(stream)
-        if core.channels_last:
-            images = images.permute(0, 3, 1, 2)  # NHWC storage == channels_last NCHW view
         return images, labels, event
 
     def _put(self, item: Any) -> bool:

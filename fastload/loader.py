@@ -130,6 +130,15 @@ def _check_batch_size(batch_size: Any, batch_sampler: Any) -> int | None:
     return as_int("batch_size", batch_size, lo=1, hint=" (samples per batch)")
 
 
+def _check_runtime(prefetch: Any, num_threads: Any, seed: Any, hw_decoder_load: Any) -> tuple[int, int | None, int, float | None]:
+    """The loader's own numbers: batches in flight, DALI threads, the seed, the hardware decoder's share."""
+    prefetch = as_int("prefetch", prefetch, lo=1, hi=64, hint=" (batches in flight)")
+    if num_threads is not None:
+        num_threads = as_int("num_threads", num_threads, lo=1, hi=MAX_THREADS, hint=" or None")
+    seed = as_int("seed", seed, lo=0, hi=MAX_SEED, hint=" (64 bits: every bit of it is used)")
+    return prefetch, num_threads, seed, _check_hw_decoder_load(hw_decoder_load)
+
+
 def _check_hw_decoder_load(value: Any) -> float | None:
     if value is None:
         return None
@@ -292,6 +301,8 @@ class FastLoader:
         channels_last: return images in channels-last memory format.
         interpolation: the resampling filter of every resize: ``"bilinear"`` (default), ``"bicubic"``
             or ``"lanczos"`` (antialiased, torchvision's names; a transform's own is kept).
+        erasing: a :class:`fastload.settings.Erasing` (torchvision's ``RandomErasing`` after
+            ``Normalize``, which a transform gives too), applied to training batches on their device.
         device: ``"cuda"``/``"cuda:N"`` (GPU decoding), ``"cpu"`` (DALI's CPU pipeline), None (CUDA if present).
         num_threads: DALI CPU threads (default: this process's share of the cores; a GPU
             pipeline uses at most :data:`fastload.pipeline.GPU_THREADS`, 4: see docs/gpu.md).
@@ -347,6 +358,7 @@ class FastLoader:
         dtype: torch.dtype | None = None,
         channels_last: bool | None = None,
         interpolation: str | None = None,
+        erasing: Any = None,
         device: str | torch.device | None = None,
         num_threads: int | None = None,
         prefetch: int = 2,
@@ -378,7 +390,7 @@ class FastLoader:
         #    the disk or DALI is touched
         source = _resolve_source(dataset, transform)
         given = dict(train=train, crop=crop, scale=scale, ratio=ratio, flip=flip, resize=resize, mean=mean, std=std,
-                     dtype=dtype, channels_last=channels_last, interpolation=interpolation)  # fmt: skip
+                     dtype=dtype, channels_last=channels_last, interpolation=interpolation, erasing=erasing)  # fmt: skip
         batch_size = _check_batch_size(batch_size, batch_sampler)
         augment = Augment.merged(source.settings, {k: v for k, v in given.items() if _given(k, v)})
         if shuffle is None:  # DataLoader's default (False) wherever a DataLoader call is being replaced
@@ -386,11 +398,7 @@ class FastLoader:
             shuffle = False if user_order else augment.train
         if seed is None:
             seed = generator.initial_seed() if generator is not None else 0
-        prefetch = as_int("prefetch", prefetch, lo=1, hi=64, hint=" (batches in flight)")
-        if num_threads is not None:
-            num_threads = as_int("num_threads", num_threads, lo=1, hi=MAX_THREADS, hint=" or None")
-        seed = as_int("seed", seed, lo=0, hi=MAX_SEED, hint=" (64 bits: every bit of it is used)")
-        hw_decoder_load = _check_hw_decoder_load(hw_decoder_load)
+        prefetch, num_threads, seed, hw_decoder_load = _check_runtime(prefetch, num_threads, seed, hw_decoder_load)
         user_batches = user_batch_sampler(
             sampler=sampler, batch_sampler=batch_sampler, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last
         )

@@ -32,7 +32,40 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INTERPOLATIONS = ("bilinear", "bicubic", "lanczos")
 
 #: The settings' names, in the order they are checked.
-FIELDS = ("train", "crop", "scale", "ratio", "flip", "resize", "mean", "std", "dtype", "channels_last", "interpolation")
+FIELDS = (
+    "train", "crop", "scale", "ratio", "flip", "resize", "mean", "std", "dtype", "channels_last", "interpolation",
+    "erasing",
+)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Erasing:
+    """torchvision's ``RandomErasing`` on the finished (normalised) training batch.
+
+    Args:
+        p: probability that an image gets a rectangle.
+        scale, ratio: the rectangle's area fraction and aspect ratio ranges (torchvision's defaults).
+        value: what the rectangle holds, in the batch's own (normalised) units: one number, or
+            one per channel.
+    """
+
+    p: float = 0.5
+    scale: tuple[float, float] = (0.02, 0.33)
+    ratio: tuple[float, float] = (0.3, 3.3)
+    value: tuple[float, ...] = (0.0,)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "p", check_probability("erasing p", self.p))
+        object.__setattr__(self, "scale", check_pair("erasing scale", self.scale, lo=0.0, hi=1.0))
+        object.__setattr__(self, "ratio", check_pair("erasing ratio", self.ratio, lo=1e-6))
+        v = self.value if isinstance(self.value, (tuple, list)) else (self.value,)
+        try:
+            v = tuple(float(x) for x in v)
+        except (TypeError, ValueError):
+            raise ConfigError(f"erasing value must be a number or 3 numbers, got {self.value!r}") from None
+        if len(v) not in (1, 3) or not all(math.isfinite(x) for x in v):
+            raise ConfigError(f"erasing value must be a finite number or 3 of them, got {self.value!r}")
+        object.__setattr__(self, "value", v)
 
 
 def check_pair(name: str, value: Any, *, lo: float, hi: float | None = None) -> tuple[float, float]:
@@ -86,6 +119,7 @@ class Augment:
         channels_last: images in channels-last memory format.
         interpolation: the resampling filter of every resize, torchvision's name: ``"bilinear"``
             (the default), ``"bicubic"`` or ``"lanczos"`` (antialiased).
+        erasing: an :class:`Erasing` applied to training batches after normalisation, or None.
 
     Raises:
         ConfigError: a value out of its range or of the wrong kind, naming the setting and the value.
@@ -102,6 +136,7 @@ class Augment:
     dtype: torch.dtype = torch.float32
     channels_last: bool = False
     interpolation: str = "bilinear"
+    erasing: Erasing | None = None
 
     def __post_init__(self) -> None:
         put = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen: set once, here
@@ -130,6 +165,10 @@ class Augment:
             raise ConfigError(
                 f"interpolation must be one of {', '.join(map(repr, INTERPOLATIONS))}, got {self.interpolation!r}"
             )
+        if self.erasing is not None and not isinstance(self.erasing, Erasing):
+            raise ConfigError(f"erasing must be a fastload.settings.Erasing or None, got {self.erasing!r}")
+        if self.erasing is not None and not self.train:
+            raise ConfigError("erasing applies to training batches (train=True), as torchvision's RandomErasing in a training transform")
 
     @classmethod
     def merged(cls, *layers: "Augment | dict[str, Any] | None") -> "Augment":

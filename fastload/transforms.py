@@ -141,6 +141,7 @@ class _TV:
             "convert": "ConvertImageDtype", "normalize": "Normalize", "lambda": "Lambda",
             "random_apply": "RandomApply", "random_choice": "RandomChoice", "random_order": "RandomOrder",
             "random_crop": "RandomCrop", "to_pil": "ToPILImage", "jitter": "ColorJitter",
+            "erasing": "RandomErasing",
         }  # fmt: skip
         self.cls: dict[str, tuple] = {}
         for key, name in pairs.items():
@@ -340,6 +341,7 @@ class _State:
         self.M = [0.0, 0.0, 0.0]
         self.S = [1.0, 1.0, 1.0]
         self.converted_by: _Step | None = None
+        self.erasing: tuple[Any, _Step] | None = None  # (fastload.settings.Erasing, its step)
 
 
 def _convert_dtype(step: _Step, st: _State, dtype: Any, scale: bool, tv: _TV) -> None:
@@ -493,6 +495,11 @@ def _normalize(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
             f"Normalize needs a float tensor, but the image is {what} here (torchvision raises): put ToTensor() "
             "(or PILToTensor() + ConvertImageDtype(torch.float)) before it"
         )
+    if st.erasing is not None:
+        raise step.fail(
+            f"Normalize after RandomErasing ({st.erasing[1].where}) changes the erased value too; FastLoader erases "
+            "the finished batch: put RandomErasing after Normalize (as torchvision's references do)"
+        )
     m = _triple(step, t.mean, "mean", tv.torch)
     s = _triple(step, t.std, "std", tv.torch)
     if any(v == 0 for v in s):
@@ -501,6 +508,24 @@ def _normalize(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
     st.S = [S * si for S, si in zip(st.S, s)]
     if any(v <= 0 for v in st.S):
         raise step.fail(f"std {t.std!r} is negative; FastLoader's std must be positive")
+
+
+def _erasing(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
+    """``RandomErasing`` on the tensor, after the last Normalize (its value in the batch's own units)."""
+    from .settings import Erasing
+
+    if not st.tensor:
+        raise step.fail("RandomErasing needs a tensor (torchvision raises on a PIL image): put it after ToTensor()")
+    value = t.value
+    if value is None or isinstance(value, str):
+        raise step.fail(f"value={value!r} (random noise) is not translated yet: give a number, or one per channel")
+    if st.erasing is not None:
+        raise step.fail(f"a second RandomErasing (the first is {st.erasing[1].where}); keep one")
+    try:
+        er = Erasing(p=t.p, scale=tuple(t.scale), ratio=tuple(t.ratio), value=value)
+    except ConfigError as e:
+        raise step.fail(str(e)) from None
+    st.erasing = (er, step)
 
 
 def _jitter(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
@@ -518,7 +543,7 @@ def _jitter(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
 #: The steps that change the image's values, by kind (the geometric ones are :class:`_Shape`'s methods).
 _PIXEL_STEPS = {
     "to_tensor": _to_tensor, "pil_to_tensor": _to_tensor, "to_image": _to_tensor,
-    "convert": _convert, "to_dtype": _to_dtype, "normalize": _normalize, "jitter": _jitter,
+    "convert": _convert, "to_dtype": _to_dtype, "normalize": _normalize, "jitter": _jitter, "erasing": _erasing,
 }  # fmt: skip
 
 
@@ -578,6 +603,7 @@ def _result(transform: Any, shape: _Shape, st: _State, tv: _TV) -> "Augment":
         std=None if uint8 else tuple(st.S),
         dtype=tv.torch.float32 if uint8 else st.dtype,
         interpolation=shape.interpolation,
+        erasing=None if st.erasing is None else st.erasing[0],
     )
 
 

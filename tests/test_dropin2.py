@@ -285,3 +285,100 @@ def test_interpolation_as_a_flat_keyword_and_its_refusals(pixel_dataset):
         next(iter(ld))
     with pytest.raises(ConfigError, match="interpolation must be one of 'bilinear', 'bicubic', 'lanczos', got 'nearest'"):
         FastLoader(pixel_dataset.packed, 4, device="cpu", interpolation="nearest")
+
+
+# ----------------------------------------------------------------------------- RandomErasing
+
+
+def _erasing_transform(p=0.5, value=0):
+    return T.Compose([T.RandomResizedCrop(32), T.ToTensor(), T.Normalize(MEAN, STD), T.RandomErasing(p, value=value)])
+
+
+def test_random_erasing_writes_only_its_rectangles_and_only_its_value(pixel_dataset):
+    """Defect: RandomErasing (torchvision's --random-erase, DeiT's reprob) was refused."""
+    plain = T.Compose([T.RandomResizedCrop(32), T.ToTensor(), T.Normalize(MEAN, STD)])
+    for channels_last in (False, True):
+        with FastLoader(pixel_dataset.packed, 8, device="cpu", transform=_erasing_transform(1.0, value=(0.5, -1.0, 2.0)),
+                        seed=3, channels_last=channels_last) as a, \
+                FastLoader(pixel_dataset.packed, 8, device="cpu", transform=plain, seed=3, channels_last=channels_last) as b:  # fmt: skip
+            erased = 0
+            for (x, _), (u, _) in zip(a, b):
+                diff = (x != u).any(dim=1)  # [n, H, W]: where the erasing wrote
+                for k in range(len(x)):
+                    ys, xs = torch.nonzero(diff[k], as_tuple=True)
+                    if len(ys) == 0:
+                        continue
+                    erased += 1
+                    t, l, bt, r = ys.min(), xs.min(), ys.max() + 1, xs.max() + 1
+                    box = x[k, :, t:bt, l:r]  # one rectangle holding exactly the value, per channel
+                    assert torch.equal(box, torch.tensor([0.5, -1.0, 2.0]).reshape(3, 1, 1).expand_as(box))
+                    assert 0 < (bt - t) < 32 and 0 < (r - l) < 32
+            assert erased >= 20  # p=1: nearly every image (torchvision gives up after 10 failed draws)
+
+
+def test_random_erasing_follows_torchvisions_law(pixel_dataset):
+    """Oracle: torchvision's RandomErasing itself, sampled with torch's RNG; the same law, not the same draws.
+
+    20,000 draws each; two-sample Kolmogorov-Smirnov on the erased area and on h/w at alpha 0.001,
+    and the erasing rate within 4 standard errors of torchvision's.
+    """
+    import math
+
+    import numpy as np
+    from scipy import stats
+
+    from fastload.augment import erase_params
+
+    n, crop, p = 20000, 32, 0.5
+    ours = erase_params(crop, seed=11, epoch=2, positions=np.arange(n), p=p, scale=(0.02, 0.33), ratio=(0.3, 3.3))
+    tv_er = T.RandomErasing(p, value=0)
+    torch.manual_seed(0)
+    img = torch.ones(1, crop, crop)
+    theirs = []
+    for _ in range(n):
+        out = tv_er(img)
+        zero = (out[0] == 0).nonzero()
+        theirs.append((0, 0) if len(zero) == 0 else (int(zero[:, 0].max() - zero[:, 0].min() + 1), int(zero[:, 1].max() - zero[:, 1].min() + 1)))
+    theirs = np.array(theirs)
+    ours_hw = ours[:, 2:]
+    rate_o, rate_t = (ours_hw[:, 0] > 0).mean(), (theirs[:, 0] > 0).mean()
+    assert abs(rate_o - rate_t) < 4 * math.sqrt(2 * p * (1 - p) / n)
+    a_o = (ours_hw[:, 0] * ours_hw[:, 1])[ours_hw[:, 0] > 0]
+    a_t = (theirs[:, 0] * theirs[:, 1])[theirs[:, 0] > 0]
+    assert stats.ks_2samp(a_o, a_t).pvalue > 0.001
+    r_o = (ours_hw[:, 0] / np.maximum(ours_hw[:, 1], 1))[ours_hw[:, 0] > 0]
+    r_t = (theirs[:, 0] / np.maximum(theirs[:, 1], 1))[theirs[:, 0] > 0]
+    assert stats.ks_2samp(r_o, r_t).pvalue > 0.001
+    # every corner reachable: rectangles touch each edge
+    t, l, h, w = ours[ours[:, 2] > 0].T
+    assert t.min() == 0 and l.min() == 0 and (t + h).max() == crop and (l + w).max() == crop
+
+
+def test_random_erasing_is_a_function_of_seed_epoch_and_position(pixel_dataset):
+    import numpy as np
+
+    from fastload.augment import erase_params
+
+    kw = dict(p=0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3))
+    a = erase_params(32, seed=1, epoch=0, positions=np.arange(500), **kw)
+    assert np.array_equal(a, erase_params(32, seed=1, epoch=0, positions=np.arange(500), **kw))
+    assert np.array_equal(a[100:200], erase_params(32, seed=1, epoch=0, positions=np.arange(100, 200), **kw))
+    assert not np.array_equal(a, erase_params(32, seed=1, epoch=1, positions=np.arange(500), **kw))
+    assert not np.array_equal(a, erase_params(32, seed=2, epoch=0, positions=np.arange(500), **kw))
+
+
+@pytest.mark.parametrize(
+    ("transform", "message"),
+    [
+        (T.Compose([T.RandomResizedCrop(32), T.ToTensor(), T.RandomErasing(value="random")]), "random noise"),
+        (T.Compose([T.RandomResizedCrop(32), T.ToTensor(), T.RandomErasing(), T.Normalize(MEAN, STD)]), "Normalize after RandomErasing"),
+        (T.Compose([T.RandomResizedCrop(32), T.RandomErasing(), T.ToTensor()]), "needs a tensor"),
+        (T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor(), T.RandomErasing()]), "erasing applies to training batches"),
+    ],
+    ids=["random-value", "before-normalize", "on-pil", "eval"],
+)
+def test_random_erasing_forms_fastload_cannot_run_are_refused(transform, message):
+    from fastload.transforms import translate
+
+    with pytest.raises(ConfigError, match=message):
+        translate(transform)
