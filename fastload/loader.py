@@ -34,6 +34,7 @@ from .dlcompat import DetachedEpoch, LoaderBatchSampler, RankSampler, SamplerPla
 from .epochs import EpochIterator, EpochRun, start_epoch
 from .errors import ConfigError, LoaderError, as_int
 from .pipeline import import_dali
+from .composite import DatasetView
 from .reader import Dataset
 from .resume import STATE_VERSION, Shape, make_state, merge_states, resume_position
 from .sampler import MAX_BATCH, MAX_SEED, ORDERS, EpochSampler, block_size_for
@@ -186,19 +187,14 @@ class _Source:
             return self.obj
         if self.kind == "view":
             return self.obj.packed
-        if self.kind == "torchvision":
-            from .cache import cached_pack
-
-            return Dataset(cached_pack(self.obj, cache_dir=cache_dir, progress=progress), check=check)
+        if self.kind == "torchvision":  # a fastload.cache.DatasetPlan: packed once, read as torch reads it
+            return self.obj.open(cache_dir=cache_dir, progress=progress, check=check)
         return Dataset(self.obj, check=check)
 
 
-def _is_image_folder(obj: Any) -> bool:
-    try:
-        from torchvision.datasets import DatasetFolder
-    except ImportError:  # pragma: no cover - torchvision is optional
-        return False
-    return isinstance(obj, DatasetFolder)
+def _is_torch_dataset(obj: Any) -> bool:
+    """A torch dataset object (an ImageFolder, a Subset, a ConcatDataset...) for fastload.cache to plan."""
+    return isinstance(obj, torch.utils.data.Dataset) or hasattr(obj, "samples")
 
 
 def _translated(transform: Any) -> Augment | None:
@@ -220,15 +216,24 @@ def _resolve_source(dataset: Any, transform: Any) -> _Source:
             return _Source("view", dataset, _translated(transform), transform, dataset.target_transform)
         settings = {k: v for k, v in dataset.settings.items() if k in FIELDS}  # the view also holds the seed
         return _Source("view", dataset, settings, dataset.transform, dataset.target_transform)
-    if _is_image_folder(dataset):
+    if _is_torch_dataset(dataset):
+        from .cache import plan_dataset
+
+        plan = plan_dataset(dataset)  # ConfigError naming what cannot be reproduced, before any work
         if transform is None:
-            transform = dataset.transform  # None: FastLoader's defaults
-        return _Source("torchvision", dataset, _translated(transform), transform, dataset.target_transform)
+            transform = plan.transform  # None: FastLoader's defaults
+        return _Source("torchvision", plan, _translated(transform), transform, plan.target_transform)
     raise ConfigError(
-        f"dataset must be a packed dataset directory, a fastload.Dataset or a torchvision ImageFolder/DatasetFolder "
-        f"of image files, got {type(dataset).__name__}; pack other datasets once with "
-        "fastload.pack_dataset(dataset, OUT) and pass OUT"
+        f"dataset must be a packed dataset directory, a fastload.Dataset, a torchvision ImageFolder/DatasetFolder "
+        f"of image files (or a Subset/ConcatDataset of them), got {type(dataset).__name__}; pack other datasets "
+        "once with fastload.pack_dataset(dataset, OUT) and pass OUT"
     )
+
+
+def _origin(source: _Source) -> Any:
+    """What ``loader.dataset`` shows as ``root``/``samples``/``classes``: the user's torch dataset's own."""
+    plan = source.obj if source.kind == "torchvision" else None
+    return plan if plan is not None and plan.samples is not None else None
 
 
 def _transformed_labels(labels: np.ndarray, target_transform: Any) -> np.ndarray:
@@ -422,7 +427,7 @@ class FastLoader:
         self._keep_samplers(sampler, batch_sampler, user_batches, rank=rank, world_size=world_size)
         self._labels = packed.labels if target_transform is None else _transformed_labels(packed.labels, target_transform)
         self._init = {
-            "dataset": str(packed.path), "batch_size": batch_size, "shuffle": shuffle, "sampler": sampler,
+            "dataset": packed if isinstance(packed, DatasetView) else str(packed.path), "batch_size": batch_size, "shuffle": shuffle, "sampler": sampler,
             "batch_sampler": batch_sampler, "drop_last": drop_last, "generator": generator, **ignored,
             "collate_fn": collate_fn,
             **augment.given(), "resize": self.resize, "device": None if device is None else str(self.device),
@@ -433,7 +438,7 @@ class FastLoader:
         self._given = {k: v for k, v in given.items() if _given(k, v)}  # they override a transform assigned later
         self.dataset = LoaderDataset(
             packed, labels=self._labels, epoch=self._epoch_box.get, transform=source.transform,
-            target_transform=target_transform, origin=source.obj if source.kind == "torchvision" else None,
+            target_transform=target_transform, origin=_origin(source),
             settings=self._view_settings(), on_transform=_weakly(self._retransform, _gone),
         )  # fmt: skip
 

@@ -83,6 +83,10 @@ class LoaderDataset(torch.utils.data.Dataset):
         if origin is not None:  # a torchvision dataset packed into the cache: its own root and files
             self.root: str = str(getattr(origin, "root", ""))
             self.samples: Any = [(str(p), int(y)) for (p, _y), y in zip(origin.samples, labels.tolist())]
+            own = getattr(origin, "classes", None)  # ImageNet's are tuples of names: the dataset's own
+            if own is not None and len(own) == len(self.classes):
+                self.classes = list(own)
+                self.class_to_idx = dict(getattr(origin, "class_to_idx", None) or {c: i for i, c in enumerate(own)})
         else:
             options = packed.manifest.options if isinstance(packed.manifest.options, dict) else {}
             self.root = str(options.get("source", ""))

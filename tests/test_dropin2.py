@@ -382,3 +382,18 @@ def test_random_erasing_forms_fastload_cannot_run_are_refused(transform, message
 
     with pytest.raises(ConfigError, match=message):
         translate(transform)
+
+
+def test_a_loader_over_a_subset_pickles_as_that_subset(make_folder, tmp_path):
+    """Through fastload.cache.plan_dataset: the copy reads the subset, not the whole entry."""
+    import pickle
+
+    root = make_folder(classes=2, per_class=6, size=(40, 40))
+    folder = ImageFolder(str(root), transform=T.Compose([T.Resize(32), T.CenterCrop(32), T.PILToTensor()]))
+    sub = torch.utils.data.Subset(folder, [11, 0, 5, 6, 3, 8])
+    want = [y.tolist() for _, y in torch.utils.data.DataLoader(sub, 4)]
+    with _loader(sub, cache_dir=tmp_path / "c") as ld:
+        assert len(ld.dataset) == 6 and [y.tolist() for _, y in ld] == want
+        copy = pickle.loads(pickle.dumps(ld))
+    with copy:
+        assert len(copy.dataset) == 6 and [y.tolist() for _, y in copy] == want
