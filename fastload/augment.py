@@ -146,6 +146,32 @@ def erase_params(
     return out
 
 
+#: Mixed into the seed of the colour draws (order, factors, grayscale), independent of the others.
+COLOR_SALT = 0xBB67AE8584CAA73B
+
+
+def color_params(
+    *, seed: int, epoch: int, positions: np.ndarray, parts: tuple, grayscale: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """torchvision ``ColorJitter`` + ``RandomGrayscale`` draws per image, a pure function of (seed, epoch, position).
+
+    ``parts`` is ``(brightness, contrast, saturation, hue)``, each None or ``(min, max)``.
+
+    Returns:
+        ``order`` ``[n, 4]`` (a uniformly random permutation of the four parts, torchvision's
+        ``randperm(4)``), ``factors`` ``[n, 4]`` float64 (each uniform in its range; NaN where the
+        part is off), ``gray`` ``[n]`` bool (``u < grayscale``).
+    """
+    u = uniforms(seed ^ COLOR_SALT, epoch, positions, 9)
+    order = np.argsort(u[:, :4], axis=1, kind="stable")
+    factors = np.full((len(positions), 4), np.nan)
+    for k, part in enumerate(parts):
+        if part is not None:
+            lo, hi = part
+            factors[:, k] = lo + u[:, 4 + k] * (hi - lo)
+    return order, factors, u[:, 8] < grayscale
+
+
 def eval_params(widths: np.ndarray, heights: np.ndarray, *, resize: int, crop: int) -> tuple[np.ndarray, np.ndarray]:
     """torchvision's ``Resize(resize)`` + ``CenterCrop(crop)`` geometry, exactly, per image.
 

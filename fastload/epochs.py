@@ -24,8 +24,8 @@ import torch
 
 from .core import CLOSED, SUPERSEDED, Core
 from .errors import FastloadError, LoaderError
-from .augment import erase_params
-from .batchaug import erase
+from .augment import color_params, erase_params
+from .batchaug import color, erase
 from .host import finish_crops
 from .pipeline import cpu_samples
 from .sampler import Batch
@@ -155,8 +155,15 @@ class EpochRun:
         return images, torch.from_numpy(labels_np), None
 
     def _erased(self, images: torch.Tensor, batch: Batch) -> torch.Tensor:
-        """``images`` (NCHW, or its channels-last view) with the batch's RandomErasing rectangles written."""
-        er = self.core.augment.erasing
+        """``images`` (NCHW, or its channels-last view) jittered, grayed and erased as the batch's draws say."""
+        a = self.core.augment
+        if a.jitter is not None or a.grayscale > 0:
+            order, factors, gray = color_params(
+                seed=self.core.seed, epoch=self.epoch, positions=batch.positions,
+                parts=a.jitter.parts if a.jitter is not None else (None,) * 4, grayscale=a.grayscale,
+            )  # fmt: skip
+            images = color(images, order, factors, gray, mean=a.mean, std=a.std)
+        er = a.erasing
         if er is None:
             return images
         rects = erase_params(

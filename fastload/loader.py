@@ -308,6 +308,8 @@ class FastLoader:
             or ``"lanczos"`` (antialiased, torchvision's names; a transform's own is kept).
         erasing: a :class:`fastload.settings.Erasing` (torchvision's ``RandomErasing`` after
             ``Normalize``, which a transform gives too), applied to training batches on their device.
+        jitter, grayscale: a :class:`fastload.settings.Jitter` (``ColorJitter``) and a
+            ``RandomGrayscale`` probability, applied to training batches on their device.
         device: ``"cuda"``/``"cuda:N"`` (GPU decoding), ``"cpu"`` (DALI's CPU pipeline), None (CUDA if present).
         num_threads: DALI CPU threads (default: this process's share of the cores; a GPU
             pipeline uses at most :data:`fastload.pipeline.GPU_THREADS`, 4: see docs/gpu.md).
@@ -364,6 +366,8 @@ class FastLoader:
         channels_last: bool | None = None,
         interpolation: str | None = None,
         erasing: Any = None,
+        jitter: Any = None,
+        grayscale: float | None = None,
         device: str | torch.device | None = None,
         num_threads: int | None = None,
         prefetch: int = 2,
@@ -395,7 +399,8 @@ class FastLoader:
         #    the disk or DALI is touched
         source = _resolve_source(dataset, transform)
         given = dict(train=train, crop=crop, scale=scale, ratio=ratio, flip=flip, resize=resize, mean=mean, std=std,
-                     dtype=dtype, channels_last=channels_last, interpolation=interpolation, erasing=erasing)  # fmt: skip
+                     dtype=dtype, channels_last=channels_last, interpolation=interpolation, erasing=erasing,
+                     jitter=jitter, grayscale=grayscale)  # fmt: skip
         batch_size = _check_batch_size(batch_size, batch_sampler)
         augment = Augment.merged(source.settings, {k: v for k, v in given.items() if _given(k, v)})
         if shuffle is None:  # DataLoader's default (False) wherever a DataLoader call is being replaced

@@ -34,8 +34,36 @@ INTERPOLATIONS = ("bilinear", "bicubic", "lanczos")
 #: The settings' names, in the order they are checked.
 FIELDS = (
     "train", "crop", "scale", "ratio", "flip", "resize", "mean", "std", "dtype", "channels_last", "interpolation",
-    "erasing",
+    "erasing", "jitter", "grayscale",
 )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Jitter:
+    """torchvision's ``ColorJitter`` ranges (None: that part off), applied in a random order per image.
+
+    Args:
+        brightness, contrast, saturation: ``(min, max)`` factors, ``0 <= min <= max``.
+        hue: ``(min, max)`` shifts within ``[-0.5, 0.5]``.
+    """
+
+    brightness: tuple[float, float] | None = None
+    contrast: tuple[float, float] | None = None
+    saturation: tuple[float, float] | None = None
+    hue: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("brightness", "contrast", "saturation"):
+            v = getattr(self, name)
+            if v is not None:
+                object.__setattr__(self, name, check_pair(f"jitter {name}", v, lo=0.0))
+        if self.hue is not None:
+            object.__setattr__(self, "hue", check_pair("jitter hue", self.hue, lo=-0.5, hi=0.5))
+
+    @property
+    def parts(self) -> tuple:
+        """``(brightness, contrast, saturation, hue)``, torchvision's order of ``fn_idx``."""
+        return (self.brightness, self.contrast, self.saturation, self.hue)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -120,6 +148,8 @@ class Augment:
         interpolation: the resampling filter of every resize, torchvision's name: ``"bilinear"``
             (the default), ``"bicubic"`` or ``"lanczos"`` (antialiased).
         erasing: an :class:`Erasing` applied to training batches after normalisation, or None.
+        jitter: a :class:`Jitter` (torchvision's ``ColorJitter``) applied to training crops, or None.
+        grayscale: probability of torchvision's ``RandomGrayscale`` after the jitter (training).
 
     Raises:
         ConfigError: a value out of its range or of the wrong kind, naming the setting and the value.
@@ -137,6 +167,8 @@ class Augment:
     channels_last: bool = False
     interpolation: str = "bilinear"
     erasing: Erasing | None = None
+    jitter: Jitter | None = None
+    grayscale: float = 0.0
 
     def __post_init__(self) -> None:
         put = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen: set once, here
@@ -167,6 +199,13 @@ class Augment:
             )
         if self.erasing is not None and not isinstance(self.erasing, Erasing):
             raise ConfigError(f"erasing must be a fastload.settings.Erasing or None, got {self.erasing!r}")
+        if self.jitter is not None and not isinstance(self.jitter, Jitter):
+            raise ConfigError(f"jitter must be a fastload.settings.Jitter or None, got {self.jitter!r}")
+        if self.jitter is not None and all(p is None for p in self.jitter.parts):
+            object.__setattr__(self, "jitter", None)
+        object.__setattr__(self, "grayscale", check_probability("grayscale", self.grayscale))
+        if (self.jitter is not None or self.grayscale > 0) and not self.train:
+            raise ConfigError("jitter and grayscale apply to training batches (train=True), as in a training transform")
         if self.erasing is not None and not self.train:
             raise ConfigError("erasing applies to training batches (train=True), as torchvision's RandomErasing in a training transform")
 

@@ -141,7 +141,7 @@ class _TV:
             "convert": "ConvertImageDtype", "normalize": "Normalize", "lambda": "Lambda",
             "random_apply": "RandomApply", "random_choice": "RandomChoice", "random_order": "RandomOrder",
             "random_crop": "RandomCrop", "to_pil": "ToPILImage", "jitter": "ColorJitter",
-            "erasing": "RandomErasing",
+            "erasing": "RandomErasing", "grayscale": "RandomGrayscale",
         }  # fmt: skip
         self.cls: dict[str, tuple] = {}
         for key, name in pairs.items():
@@ -342,6 +342,9 @@ class _State:
         self.S = [1.0, 1.0, 1.0]
         self.converted_by: _Step | None = None
         self.erasing: tuple[Any, _Step] | None = None  # (fastload.settings.Erasing, its step)
+        self.jitter: tuple[Any, _Step] | None = None  # (fastload.settings.Jitter, its step)
+        self.gray: tuple[float, _Step] | None = None  # (RandomGrayscale's p, its step)
+        self.form: str | None = None  # the geometric form so far (set before each step)
 
 
 def _convert_dtype(step: _Step, st: _State, dtype: Any, scale: bool, tv: _TV) -> None:
@@ -528,22 +531,50 @@ def _erasing(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
     st.erasing = (er, step)
 
 
+def _colour_place(step: _Step, st: _State, what: str) -> None:
+    """A colour step must act on the training crop's pixels in [0, 1]: after the crop, before Normalize."""
+    if st.form in ("resized", "eval"):
+        raise step.fail(f"{what} in the evaluation form: FastLoader applies it to training batches only; remove it")
+    if st.form is None:
+        raise step.fail(f"{what} before the crop sees the whole image (contrast uses its mean): put it after RandomResizedCrop")
+    unscaled = all(abs(s - 1.0) < 1e-9 or abs(s - 1.0 / 255.0) < 1e-12 for s in st.S)  # 0..1 or 0..255
+    if any(m != 0 for m in st.M) or not unscaled:
+        raise step.fail(f"{what} after Normalize acts on normalised values: put it before Normalize (and ToTensor)")
+
+
 def _jitter(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
-    """A ``ColorJitter`` whose four parts are all off (timm adds one with ``color_jitter=0``) is a no-op."""
+    """``ColorJitter``: its ranges, applied to each training crop in a random order (all off: a no-op)."""
+    from .settings import Jitter
+
     parts = {a: getattr(t, a, None) for a in ("brightness", "contrast", "saturation", "hue")}
     if all(v is None for v in parts.values()):
         return
-    on = ", ".join(f"{a}={v}" for a, v in parts.items() if v is not None)
-    raise step.fail(
-        f"ColorJitter({on}) has no FastLoader equivalent yet (one with every part off, a no-op, is accepted): "
-        f"{_NO_EQUIVALENT}"
-    )
+    _colour_place(step, st, "ColorJitter")
+    if st.jitter is not None:
+        raise step.fail(f"a second ColorJitter (the first is {st.jitter[1].where}); keep one")
+    if st.gray is not None:
+        raise step.fail(f"ColorJitter after RandomGrayscale ({st.gray[1].where}): FastLoader jitters first; swap them")
+    try:
+        st.jitter = (Jitter(**{k: None if v is None else tuple(float(x) for x in v) for k, v in parts.items()}), step)
+    except ConfigError as e:
+        raise step.fail(str(e)) from None
+
+
+def _grayscale(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
+    p = float(getattr(t, "p", 0.1))
+    if p == 0:
+        return
+    _colour_place(step, st, "RandomGrayscale")
+    if st.gray is not None:
+        raise step.fail(f"a second RandomGrayscale (the first is {st.gray[1].where}); keep one")
+    st.gray = (p, step)
 
 
 #: The steps that change the image's values, by kind (the geometric ones are :class:`_Shape`'s methods).
 _PIXEL_STEPS = {
     "to_tensor": _to_tensor, "pil_to_tensor": _to_tensor, "to_image": _to_tensor,
     "convert": _convert, "to_dtype": _to_dtype, "normalize": _normalize, "jitter": _jitter, "erasing": _erasing,
+    "grayscale": _grayscale,
 }  # fmt: skip
 
 
@@ -604,6 +635,8 @@ def _result(transform: Any, shape: _Shape, st: _State, tv: _TV) -> "Augment":
         dtype=tv.torch.float32 if uint8 else st.dtype,
         interpolation=shape.interpolation,
         erasing=None if st.erasing is None else st.erasing[0],
+        jitter=None if st.jitter is None else st.jitter[0],
+        grayscale=0.0 if st.gray is None else st.gray[0],
     )
 
 
@@ -645,6 +678,7 @@ def translate(transform: Any) -> "Augment":
         elif kind in geometry:
             geometry[kind](step, t, tv, st)
         elif kind in _PIXEL_STEPS:
+            st.form = shape.form
             _PIXEL_STEPS[kind](step, t, tv, st, kind)
         else:
             raise step.fail(_REFUSAL.get(kind, f"has no FastLoader equivalent: {_NO_EQUIVALENT}"))

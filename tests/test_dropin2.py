@@ -92,13 +92,13 @@ def test_a_class_without_transforms_is_named_by_its_class_not_its_address(make_f
     assert "Opaque()" in str(e.value) and " at 0x" not in str(e.value)
 
 
-def test_a_color_jitter_with_every_part_off_is_a_no_op_and_one_that_is_on_is_refused(pixel_dataset):
+def test_a_color_jitter_with_every_part_off_is_a_no_op_and_one_that_is_on_is_kept(pixel_dataset):
     off = T.Compose([T.RandomResizedCrop(16), T.ColorJitter(0, 0, 0, 0), T.ToTensor()])
     with FastLoader(pixel_dataset.packed, 4, device="cpu", transform=off, seed=1) as a, \
             FastLoader(pixel_dataset.packed, 4, device="cpu", crop=16, flip=0.0, mean=(0, 0, 0), std=(1, 1, 1), seed=1) as b:  # fmt: skip
         assert all(torch.equal(x, u) for (x, _), (u, _) in zip(a, b))
-    with pytest.raises(ConfigError, match=r"ColorJitter\(brightness=\(0\.6, 1\.4\)\) has no FastLoader equivalent yet"):
-        FastLoader(pixel_dataset.packed, 4, device="cpu", transform=T.Compose([T.RandomResizedCrop(16), T.ColorJitter(0.4), T.ToTensor()]))
+    with FastLoader(pixel_dataset.packed, 4, device="cpu", transform=T.Compose([T.RandomResizedCrop(16), T.ColorJitter(0.4), T.ToTensor()])) as ld:
+        assert ld.augment.jitter.brightness == (0.6, 1.4) and ld.augment.jitter.contrast is None
 
 
 def test_batches_are_lists_as_a_dataloader_gives_them(make_folder, tmp_path):
@@ -397,3 +397,81 @@ def test_a_loader_over_a_subset_pickles_as_that_subset(make_folder, tmp_path):
         copy = pickle.loads(pickle.dumps(ld))
     with copy:
         assert len(copy.dataset) == 6 and [y.tolist() for _, y in copy] == want
+
+
+# ----------------------------------------------------------------------------- ColorJitter, RandomGrayscale
+
+
+@pytest.mark.parametrize(
+    ("part", "value", "tv_fn"),
+    [("brightness", 1.5, "adjust_brightness"), ("contrast", 0.5, "adjust_contrast"),
+     ("saturation", 1.7, "adjust_saturation"), ("hue", 0.1, "adjust_hue")],
+)  # fmt: skip
+def test_each_jitter_part_is_torchvisions_operation_on_the_crop(pixel_dataset, part, value, tv_fn):
+    """A one-point range makes the factor known: the batch equals torchvision's tensor function applied to
+    the unjittered batch (same crops), to float rounding."""
+    import torchvision.transforms.functional as F
+
+    kw = dict(device="cpu", crop=24, seed=4, flip=0.0, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+    from fastload.settings import Jitter
+
+    with FastLoader(pixel_dataset.packed, 8, jitter=Jitter(**{part: (value, value)}), **kw) as a, FastLoader(pixel_dataset.packed, 8, **kw) as b:
+        for (x, _), (u, _) in zip(a, b):
+            want = torch.stack([getattr(F, tv_fn)(img, value) for img in u])
+            assert (x - want).abs().max() < 1e-5
+            assert (x - u).abs().max() > 0.01  # it did something
+
+
+def test_jitter_order_and_factors_follow_torchvisions_law():
+    """Oracle: ColorJitter.get_params (randperm(4), uniform factors). 24,000 draws: every order about
+    equally often (chi-square, alpha 0.001), factors uniform over their ranges (KS, alpha 0.001),
+    grayscale at its rate within 4 standard errors; independent of the crop draws' positions."""
+    import math
+
+    import numpy as np
+    from scipy import stats
+
+    from fastload.augment import color_params
+
+    n = 24000
+    parts = ((0.6, 1.4), (0.6, 1.4), (0.5, 1.5), (-0.1, 0.1))
+    order, factors, gray = color_params(seed=7, epoch=3, positions=np.arange(n), parts=parts, grayscale=0.2)
+    counts = {}
+    for row in map(tuple, order.tolist()):
+        counts[row] = counts.get(row, 0) + 1
+    assert len(counts) == 24 and stats.chisquare(list(counts.values())).pvalue > 0.001
+    for k, (lo, hi) in enumerate(parts):
+        assert stats.kstest(factors[:, k], stats.uniform(lo, hi - lo).cdf).pvalue > 0.001
+    assert abs(gray.mean() - 0.2) < 4 * math.sqrt(0.2 * 0.8 / n)
+    # torchvision's own permutations, for the same chi-square: the law being matched
+    torch.manual_seed(0)
+    tv_counts = {}
+    for _ in range(4000):
+        p = tuple(T.ColorJitter.get_params((0.6, 1.4), (0.6, 1.4), (0.5, 1.5), (-0.1, 0.1))[0].tolist())
+        tv_counts[p] = tv_counts.get(p, 0) + 1
+    assert len(tv_counts) == 24
+
+
+def test_grayscale_gives_torchvisions_gray_and_jitter_runs_before_it(pixel_dataset):
+    import torchvision.transforms.functional as F
+
+    kw = dict(device="cpu", crop=24, seed=4, flip=0.0, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+    with FastLoader(pixel_dataset.packed, 8, grayscale=1.0, **kw) as a, FastLoader(pixel_dataset.packed, 8, **kw) as b:
+        for (x, _), (u, _) in zip(a, b):
+            assert (x - F.rgb_to_grayscale(u, num_output_channels=3)).abs().max() < 1e-5
+    with pytest.raises(ConfigError, match="ColorJitter after RandomGrayscale"):
+        FastLoader(pixel_dataset.packed, 8, device="cpu",
+                   transform=T.Compose([T.RandomResizedCrop(24), T.RandomGrayscale(0.5), T.ColorJitter(0.4), T.ToTensor()]))  # fmt: skip
+
+
+def test_a_jittered_normalised_batch_is_the_jitter_of_the_unnormalised_one(pixel_dataset):
+    """The colour operations run on pixel values in [0, 1], whatever the normalisation (as before Normalize)."""
+    from fastload.settings import Jitter
+
+    j = Jitter(brightness=(0.5, 1.5), contrast=(0.5, 1.5), saturation=(0.5, 1.5), hue=(-0.2, 0.2))
+    m, s = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    with FastLoader(pixel_dataset.packed, 8, device="cpu", crop=24, seed=9, jitter=j, mean=m, std=s) as a, \
+            FastLoader(pixel_dataset.packed, 8, device="cpu", crop=24, seed=9, jitter=j, mean=(0, 0, 0), std=(1, 1, 1)) as b:  # fmt: skip
+        for (x, _), (u, _) in zip(a, b):
+            back = x * torch.tensor(s).view(1, 3, 1, 1) + torch.tensor(m).view(1, 3, 1, 1)
+            assert (back - u).abs().max() < 1e-4
