@@ -172,6 +172,43 @@ def color_params(
     return order, factors, u[:, 8] < grayscale
 
 
+#: Mixed into the seed of the TrivialAugmentWide draws (operation, magnitude bin, sign).
+TRIVIAL_SALT = 0x3C6EF372FE94F82B
+
+#: TrivialAugmentWide's operations, in torchvision's order, and whether their magnitude is signed.
+TRIVIAL_OPS = (
+    ("Identity", False), ("ShearX", True), ("ShearY", True), ("TranslateX", True), ("TranslateY", True),
+    ("Rotate", True), ("Brightness", True), ("Color", True), ("Contrast", True), ("Sharpness", True),
+    ("Posterize", False), ("Solarize", False), ("AutoContrast", False), ("Equalize", False),
+)  # fmt: skip
+
+
+def trivial_magnitudes(name: str, num_bins: int) -> np.ndarray:
+    """TrivialAugmentWide's magnitude bins of operation ``name`` (the TrivialAugment paper's wide space)."""
+    lin = {"ShearX": (0.0, 0.99), "ShearY": (0.0, 0.99), "TranslateX": (0.0, 32.0), "TranslateY": (0.0, 32.0),
+           "Rotate": (0.0, 135.0), "Brightness": (0.0, 0.99), "Color": (0.0, 0.99), "Contrast": (0.0, 0.99),
+           "Sharpness": (0.0, 0.99), "Solarize": (255.0, 0.0)}  # fmt: skip
+    if name in lin:
+        return np.linspace(*lin[name], num_bins, dtype=np.float32).astype(np.float64)
+    if name == "Posterize":
+        return (8 - np.round(np.arange(num_bins) / ((num_bins - 1) / 6))).astype(np.float64)
+    return np.zeros(0)  # no magnitude
+
+
+def trivial_params(*, seed: int, epoch: int, positions: np.ndarray, num_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per image: the operation (an index into :data:`TRIVIAL_OPS`, uniform) and its signed magnitude."""
+    u = uniforms(seed ^ TRIVIAL_SALT, epoch, positions, 3)
+    ops = np.minimum((u[:, 0] * len(TRIVIAL_OPS)).astype(np.int64), len(TRIVIAL_OPS) - 1)
+    bins = np.minimum((u[:, 1] * num_bins).astype(np.int64), num_bins - 1)
+    mags = np.zeros(len(positions))
+    for k, (name, signed) in enumerate(TRIVIAL_OPS):
+        sel = ops == k
+        table = trivial_magnitudes(name, num_bins)
+        if sel.any() and len(table):
+            mags[sel] = table[bins[sel]] * np.where(signed & (u[sel, 2] < 0.5), -1.0, 1.0)
+    return ops, mags
+
+
 def eval_params(widths: np.ndarray, heights: np.ndarray, *, resize: int, crop: int) -> tuple[np.ndarray, np.ndarray]:
     """torchvision's ``Resize(resize)`` + ``CenterCrop(crop)`` geometry, exactly, per image.
 

@@ -8,7 +8,8 @@ blends clamped to [0, 1], its grayscale weights, ``adjust_hue``).
 
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -63,6 +64,63 @@ def color(
         images.copy_((x * 255.0).round_().clamp_(0, 255))
     else:
         images.copy_((x - m) / s)
+    return images
+
+
+def _trivial_op(img: torch.Tensor, name: str, m: float, interpolation: Any, fill: Any) -> torch.Tensor:
+    """One TrivialAugmentWide operation on a CHW uint8 image, as torchvision applies it."""
+    import torchvision.transforms.functional as F
+
+    if name == "ShearX":
+        return F.affine(img, angle=0.0, translate=[0, 0], scale=1.0, shear=[math.degrees(math.atan(m)), 0.0],
+                        interpolation=interpolation, fill=fill, center=[0, 0])  # fmt: skip
+    if name == "ShearY":
+        return F.affine(img, angle=0.0, translate=[0, 0], scale=1.0, shear=[0.0, math.degrees(math.atan(m))],
+                        interpolation=interpolation, fill=fill, center=[0, 0])  # fmt: skip
+    if name == "TranslateX":
+        return F.affine(img, angle=0.0, translate=[int(m), 0], scale=1.0, shear=[0.0, 0.0], interpolation=interpolation, fill=fill)
+    if name == "TranslateY":
+        return F.affine(img, angle=0.0, translate=[0, int(m)], scale=1.0, shear=[0.0, 0.0], interpolation=interpolation, fill=fill)
+    if name == "Rotate":
+        return F.rotate(img, m, interpolation=interpolation, fill=fill)
+    simple = {"Brightness": F.adjust_brightness, "Color": F.adjust_saturation, "Contrast": F.adjust_contrast,
+              "Sharpness": F.adjust_sharpness}  # fmt: skip
+    if name in simple:
+        return simple[name](img, 1.0 + m)
+    if name == "Posterize":
+        return F.posterize(img, int(m))
+    if name == "Solarize":
+        return F.solarize(img, m)
+    if name == "AutoContrast":
+        return F.autocontrast(img)
+    if name == "Equalize":
+        return F.equalize(img)
+    return img  # Identity
+
+
+def trivial(
+    images: torch.Tensor, ops: np.ndarray, mags: np.ndarray, *, mean: Sequence[float] | None,
+    std: Sequence[float] | None, interpolation: str, fill: Sequence[float] | None,
+) -> torch.Tensor:  # fmt: skip
+    """TrivialAugmentWide on each image of NCHW ``images``, in place, on its uint8 pixels (as before ToTensor)."""
+    from torchvision.transforms import InterpolationMode
+
+    from .augment import TRIVIAL_OPS
+
+    work = np.flatnonzero(ops != 0)  # Identity leaves the image
+    if not len(work):
+        return images
+    dev = images.device
+    if mean is not None:
+        m = torch.tensor(mean, device=dev).view(3, 1, 1)
+        s = torch.tensor(std, device=dev).view(3, 1, 1)
+    mode = InterpolationMode(interpolation)
+    filled = None if fill is None else [float(v) for v in (fill if len(fill) == 3 else list(fill) * 3)]
+    for k in work.tolist():
+        x = images[k]
+        u8 = x if mean is None else ((x.float() * s + m) * 255.0).round_().clamp_(0, 255).to(torch.uint8)
+        out = _trivial_op(u8, TRIVIAL_OPS[int(ops[k])][0], float(mags[k]), mode, filled)
+        images[k] = out if mean is None else ((out.float() / 255.0 - m) / s).to(images.dtype)
     return images
 
 

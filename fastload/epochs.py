@@ -24,8 +24,8 @@ import torch
 
 from .core import CLOSED, SUPERSEDED, Core
 from .errors import FastloadError, LoaderError
-from .augment import color_params, erase_params
-from .batchaug import color, erase
+from .augment import color_params, erase_params, trivial_params
+from .batchaug import color, erase, trivial
 from .host import finish_crops
 from .pipeline import cpu_samples
 from .sampler import Batch
@@ -157,6 +157,9 @@ class EpochRun:
     def _erased(self, images: torch.Tensor, batch: Batch) -> torch.Tensor:
         """``images`` (NCHW, or its channels-last view) jittered, grayed and erased as the batch's draws say."""
         a = self.core.augment
+        if a.trivial is not None:
+            ops, mags = trivial_params(seed=self.core.seed, epoch=self.epoch, positions=batch.positions, num_bins=a.trivial.num_bins)
+            images = trivial(images, ops, mags, mean=a.mean, std=a.std, interpolation=a.trivial.interpolation, fill=a.trivial.fill)
         if a.jitter is not None or a.grayscale > 0:
             order, factors, gray = color_params(
                 seed=self.core.seed, epoch=self.epoch, positions=batch.positions,

@@ -306,10 +306,9 @@ class FastLoader:
         channels_last: return images in channels-last memory format.
         interpolation: the resampling filter of every resize: ``"bilinear"`` (default), ``"bicubic"``
             or ``"lanczos"`` (antialiased, torchvision's names; a transform's own is kept).
-        erasing: a :class:`fastload.settings.Erasing` (torchvision's ``RandomErasing`` after
-            ``Normalize``, which a transform gives too), applied to training batches on their device.
-        jitter, grayscale: a :class:`fastload.settings.Jitter` (``ColorJitter``) and a
-            ``RandomGrayscale`` probability, applied to training batches on their device.
+            (``RandomErasing``, ``ColorJitter``, ``RandomGrayscale`` and ``TrivialAugmentWide`` come
+            through ``transform=``: a torchvision transform, or an Augment's ``erasing``, ``jitter``,
+            ``grayscale`` and ``trivial``.)
         device: ``"cuda"``/``"cuda:N"`` (GPU decoding), ``"cpu"`` (DALI's CPU pipeline), None (CUDA if present).
         num_threads: DALI CPU threads (default: this process's share of the cores; a GPU
             pipeline uses at most :data:`fastload.pipeline.GPU_THREADS`, 4: see docs/gpu.md).
@@ -365,9 +364,6 @@ class FastLoader:
         dtype: torch.dtype | None = None,
         channels_last: bool | None = None,
         interpolation: str | None = None,
-        erasing: Any = None,
-        jitter: Any = None,
-        grayscale: float | None = None,
         device: str | torch.device | None = None,
         num_threads: int | None = None,
         prefetch: int = 2,
@@ -399,8 +395,7 @@ class FastLoader:
         #    the disk or DALI is touched
         source = _resolve_source(dataset, transform)
         given = dict(train=train, crop=crop, scale=scale, ratio=ratio, flip=flip, resize=resize, mean=mean, std=std,
-                     dtype=dtype, channels_last=channels_last, interpolation=interpolation, erasing=erasing,
-                     jitter=jitter, grayscale=grayscale)  # fmt: skip
+                     dtype=dtype, channels_last=channels_last, interpolation=interpolation)  # fmt: skip
         batch_size = _check_batch_size(batch_size, batch_sampler)
         augment = Augment.merged(source.settings, {k: v for k, v in given.items() if _given(k, v)})
         if shuffle is None:  # DataLoader's default (False) wherever a DataLoader call is being replaced
@@ -435,7 +430,7 @@ class FastLoader:
             "dataset": packed if isinstance(packed, DatasetView) else str(packed.path), "batch_size": batch_size, "shuffle": shuffle, "sampler": sampler,
             "batch_sampler": batch_sampler, "drop_last": drop_last, "generator": generator, **ignored,
             "collate_fn": collate_fn,
-            **augment.given(), "resize": self.resize, "device": None if device is None else str(self.device),
+            "transform": augment, "device": None if device is None else str(self.device),
             "num_threads": self.num_threads, "prefetch": prefetch, "seed": seed, "rank": rank, "world_size": world_size,
             "pad": pad, "order": order, "block_size": block_size, "window": window, "hw_decoder_load": hw_decoder_load,
             "check": check, "target_transform": target_transform,
@@ -524,7 +519,7 @@ class FastLoader:
         with self._iter_lock:
             old = self._core
             self._keep_augment(augment)
-            self._init.update(augment.given(), resize=self.resize)
+            self._init.update(transform=augment)
             self._finalizer.detach()
             self._core = self._make_core()
             self._finalizer = weakref.finalize(self, self._core.close)

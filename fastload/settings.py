@@ -34,8 +34,34 @@ INTERPOLATIONS = ("bilinear", "bicubic", "lanczos")
 #: The settings' names, in the order they are checked.
 FIELDS = (
     "train", "crop", "scale", "ratio", "flip", "resize", "mean", "std", "dtype", "channels_last", "interpolation",
-    "erasing", "jitter", "grayscale",
+    "erasing", "jitter", "grayscale", "trivial",
 )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Trivial:
+    """torchvision's ``TrivialAugmentWide``: one of its 14 operations per image, at a random magnitude bin.
+
+    Args:
+        num_bins: its ``num_magnitude_bins``.
+        interpolation: ``"nearest"`` (its default) or ``"bilinear"``, for the geometric operations.
+        fill: the value of pixels the geometric operations uncover (0..255), one or one per channel; None: 0.
+    """
+
+    num_bins: int = 31
+    interpolation: str = "nearest"
+    fill: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_bins", as_int("trivial num_bins", self.num_bins, lo=2, hi=1024))
+        if self.interpolation not in ("nearest", "bilinear"):
+            raise ConfigError(f"trivial interpolation must be 'nearest' or 'bilinear', got {self.interpolation!r}")
+        if self.fill is not None:
+            f = self.fill if isinstance(self.fill, (tuple, list)) else (self.fill,)
+            try:
+                object.__setattr__(self, "fill", tuple(float(x) for x in f))
+            except (TypeError, ValueError):
+                raise ConfigError(f"trivial fill must be numbers, got {self.fill!r}") from None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -150,6 +176,7 @@ class Augment:
         erasing: an :class:`Erasing` applied to training batches after normalisation, or None.
         jitter: a :class:`Jitter` (torchvision's ``ColorJitter``) applied to training crops, or None.
         grayscale: probability of torchvision's ``RandomGrayscale`` after the jitter (training).
+        trivial: a :class:`Trivial` (``TrivialAugmentWide``) applied to training crops first, or None.
 
     Raises:
         ConfigError: a value out of its range or of the wrong kind, naming the setting and the value.
@@ -169,6 +196,7 @@ class Augment:
     erasing: Erasing | None = None
     jitter: Jitter | None = None
     grayscale: float = 0.0
+    trivial: Trivial | None = None
 
     def __post_init__(self) -> None:
         put = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen: set once, here
@@ -206,6 +234,8 @@ class Augment:
         object.__setattr__(self, "grayscale", check_probability("grayscale", self.grayscale))
         if (self.jitter is not None or self.grayscale > 0) and not self.train:
             raise ConfigError("jitter and grayscale apply to training batches (train=True), as in a training transform")
+        if self.trivial is not None and (not isinstance(self.trivial, Trivial) or not self.train):
+            raise ConfigError(f"trivial must be a fastload.settings.Trivial for training batches, got {self.trivial!r}")
         if self.erasing is not None and not self.train:
             raise ConfigError("erasing applies to training batches (train=True), as torchvision's RandomErasing in a training transform")
 

@@ -142,6 +142,7 @@ class _TV:
             "random_apply": "RandomApply", "random_choice": "RandomChoice", "random_order": "RandomOrder",
             "random_crop": "RandomCrop", "to_pil": "ToPILImage", "jitter": "ColorJitter",
             "erasing": "RandomErasing", "grayscale": "RandomGrayscale",
+            "trivial": "TrivialAugmentWide",
         }  # fmt: skip
         self.cls: dict[str, tuple] = {}
         for key, name in pairs.items():
@@ -344,6 +345,7 @@ class _State:
         self.erasing: tuple[Any, _Step] | None = None  # (fastload.settings.Erasing, its step)
         self.jitter: tuple[Any, _Step] | None = None  # (fastload.settings.Jitter, its step)
         self.gray: tuple[float, _Step] | None = None  # (RandomGrayscale's p, its step)
+        self.trivial: tuple[Any, _Step] | None = None  # (fastload.settings.Trivial, its step)
         self.form: str | None = None  # the geometric form so far (set before each step)
 
 
@@ -560,6 +562,24 @@ def _jitter(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
         raise step.fail(str(e)) from None
 
 
+def _trivial(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
+    """``TrivialAugmentWide`` on the training crop's uint8 pixels, before any colour step."""
+    from .settings import Trivial
+
+    _colour_place(step, st, "TrivialAugmentWide")
+    if st.jitter is not None or st.gray is not None or st.trivial is not None:
+        raise step.fail("TrivialAugmentWide after another colour step (or a second one): FastLoader runs it first; keep it first and once")
+    mode = t.interpolation
+    name = mode.value if isinstance(mode, tv.mode) else str(mode).lower()
+    fill = t.fill
+    if isinstance(fill, dict):
+        raise step.fail("a fill per input type is not translated: give one number or one per channel")
+    try:
+        st.trivial = (Trivial(num_bins=t.num_magnitude_bins, interpolation=name, fill=fill), step)
+    except ConfigError as e:
+        raise step.fail(str(e)) from None
+
+
 def _grayscale(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
     p = float(getattr(t, "p", 0.1))
     if p == 0:
@@ -574,7 +594,7 @@ def _grayscale(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
 _PIXEL_STEPS = {
     "to_tensor": _to_tensor, "pil_to_tensor": _to_tensor, "to_image": _to_tensor,
     "convert": _convert, "to_dtype": _to_dtype, "normalize": _normalize, "jitter": _jitter, "erasing": _erasing,
-    "grayscale": _grayscale,
+    "grayscale": _grayscale, "trivial": _trivial,
 }  # fmt: skip
 
 
@@ -637,6 +657,7 @@ def _result(transform: Any, shape: _Shape, st: _State, tv: _TV) -> "Augment":
         erasing=None if st.erasing is None else st.erasing[0],
         jitter=None if st.jitter is None else st.jitter[0],
         grayscale=0.0 if st.gray is None else st.gray[0],
+        trivial=None if st.trivial is None else st.trivial[0],
     )
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fastload
-from fastload import ConfigError, FastLoader, LoaderError
+from fastload import Augment, ConfigError, FastLoader, LoaderError
 
 tv = pytest.importorskip("torchvision")
 from torchvision import transforms as T  # noqa: E402
@@ -415,7 +415,7 @@ def test_each_jitter_part_is_torchvisions_operation_on_the_crop(pixel_dataset, p
     kw = dict(device="cpu", crop=24, seed=4, flip=0.0, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
     from fastload.settings import Jitter
 
-    with FastLoader(pixel_dataset.packed, 8, jitter=Jitter(**{part: (value, value)}), **kw) as a, FastLoader(pixel_dataset.packed, 8, **kw) as b:
+    with FastLoader(pixel_dataset.packed, 8, transform=Augment(jitter=Jitter(**{part: (value, value)})), **kw) as a, FastLoader(pixel_dataset.packed, 8, **kw) as b:
         for (x, _), (u, _) in zip(a, b):
             want = torch.stack([getattr(F, tv_fn)(img, value) for img in u])
             assert (x - want).abs().max() < 1e-5
@@ -456,7 +456,7 @@ def test_grayscale_gives_torchvisions_gray_and_jitter_runs_before_it(pixel_datas
     import torchvision.transforms.functional as F
 
     kw = dict(device="cpu", crop=24, seed=4, flip=0.0, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
-    with FastLoader(pixel_dataset.packed, 8, grayscale=1.0, **kw) as a, FastLoader(pixel_dataset.packed, 8, **kw) as b:
+    with FastLoader(pixel_dataset.packed, 8, transform=Augment(grayscale=1.0), **kw) as a, FastLoader(pixel_dataset.packed, 8, **kw) as b:
         for (x, _), (u, _) in zip(a, b):
             assert (x - F.rgb_to_grayscale(u, num_output_channels=3)).abs().max() < 1e-5
     with pytest.raises(ConfigError, match="ColorJitter after RandomGrayscale"):
@@ -470,8 +470,91 @@ def test_a_jittered_normalised_batch_is_the_jitter_of_the_unnormalised_one(pixel
 
     j = Jitter(brightness=(0.5, 1.5), contrast=(0.5, 1.5), saturation=(0.5, 1.5), hue=(-0.2, 0.2))
     m, s = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-    with FastLoader(pixel_dataset.packed, 8, device="cpu", crop=24, seed=9, jitter=j, mean=m, std=s) as a, \
-            FastLoader(pixel_dataset.packed, 8, device="cpu", crop=24, seed=9, jitter=j, mean=(0, 0, 0), std=(1, 1, 1)) as b:  # fmt: skip
+    with FastLoader(pixel_dataset.packed, 8, device="cpu", crop=24, seed=9, transform=Augment(jitter=j), mean=m, std=s) as a, \
+            FastLoader(pixel_dataset.packed, 8, device="cpu", crop=24, seed=9, transform=Augment(jitter=j), mean=(0, 0, 0), std=(1, 1, 1)) as b:  # fmt: skip
         for (x, _), (u, _) in zip(a, b):
             back = x * torch.tensor(s).view(1, 3, 1, 1) + torch.tensor(m).view(1, 3, 1, 1)
             assert (back - u).abs().max() < 1e-4
+
+
+# ----------------------------------------------------------------------------- TrivialAugmentWide
+
+
+def test_trivial_magnitude_bins_are_torchvisions():
+    """Oracle: torchvision's own augmentation space (a private method, read as the reference)."""
+    import numpy as np
+
+    from fastload.augment import TRIVIAL_OPS, trivial_magnitudes
+
+    for bins in (31, 8):
+        space = T.TrivialAugmentWide(num_magnitude_bins=bins)._augmentation_space(bins)
+        assert [name for name, _ in TRIVIAL_OPS] == list(space)
+        for name, signed in TRIVIAL_OPS:
+            mags, tv_signed = space[name]
+            assert signed == tv_signed
+            want = mags.numpy().astype(np.float64) if mags.ndim else np.zeros(0)
+            assert np.allclose(trivial_magnitudes(name, bins), want), name
+
+
+@pytest.mark.parametrize("op", ["ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color",
+                                "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize"])  # fmt: skip
+def test_each_trivial_operation_is_torchvisions_on_the_uint8_crop(pixel_dataset, op):
+    """Oracle: torchvision's autoaugment._apply_op on the same uint8 crops, for the magnitude each image drew."""
+    import numpy as np
+    from torchvision.transforms import InterpolationMode, autoaugment
+
+    from fastload.augment import TRIVIAL_OPS, trivial_magnitudes
+    from fastload.batchaug import trivial
+
+    kw = dict(device="cpu", crop=24, seed=4, flip=0.0, mean=None, std=None)
+    with FastLoader(pixel_dataset.packed, 24, **kw) as b:
+        u8, _ = next(iter(b))
+    k = [n for n, _ in TRIVIAL_OPS].index(op)
+    table = trivial_magnitudes(op, 31)
+    signs = np.where(np.arange(24) % 2 == 1, -1.0, 1.0) if TRIVIAL_OPS[k][1] else np.ones(24)
+    mags = table[(np.arange(24) * 5) % 31] * signs if len(table) else np.zeros(24)  # bins across the range, both signs
+    ops = np.full(24, k)
+    got = trivial(u8.clone(), ops, mags, mean=None, std=None, interpolation="nearest", fill=None)
+    for j in range(24):
+        want = autoaugment._apply_op(u8[j], op, float(mags[j]), interpolation=InterpolationMode.NEAREST, fill=None)
+        assert torch.equal(got[j], want), j
+    # and normalised batches take the same operation on their uint8 pixels
+    m, s = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    norm = ((u8.float() / 255 - torch.tensor(m).view(1, 3, 1, 1)) / torch.tensor(s).view(1, 3, 1, 1))
+    back = trivial(norm, ops, mags, mean=m, std=s, interpolation="nearest", fill=None)
+    back = ((back * torch.tensor(s).view(1, 3, 1, 1) + torch.tensor(m).view(1, 3, 1, 1)) * 255).round()
+    assert (back - got.float()).abs().max() <= 1
+
+
+def test_trivial_draws_follow_torchvisions_law():
+    """Every operation equally likely (chi-square against uniform over the 14, alpha 0.001), every bin used,
+    signed magnitudes negative half of the time (4 standard errors)."""
+    import math
+
+    import numpy as np
+    from scipy import stats
+
+    from fastload.augment import TRIVIAL_OPS, trivial_params
+
+    n = 28000
+    ops, mags = trivial_params(seed=3, epoch=1, positions=np.arange(n), num_bins=31)
+    counts = np.bincount(ops, minlength=14)
+    assert stats.chisquare(counts).pvalue > 0.001
+    rot = mags[ops == [name for name, _ in TRIVIAL_OPS].index("Rotate")]
+    assert len(np.unique(np.abs(rot))) == 31
+    assert abs((rot < 0).mean() - 0.5) < 4 * math.sqrt(0.25 / len(rot)) + 1 / 31  # (bin 0 has no sign)
+
+
+def test_trivial_augment_with_erasing_and_bicubic_translates_and_runs(pixel_dataset):
+    """torchvision's references with --auto-augment ta_wide --random-erase 0.25 --interpolation bicubic."""
+    from torchvision.transforms import InterpolationMode
+
+    tf = T.Compose([
+        T.RandomResizedCrop(24, interpolation=InterpolationMode.BICUBIC), T.RandomHorizontalFlip(),
+        T.TrivialAugmentWide(interpolation=InterpolationMode.BILINEAR), T.PILToTensor(), T.ConvertImageDtype(torch.float),
+        T.Normalize(MEAN, STD), T.RandomErasing(0.25),
+    ])  # fmt: skip
+    with FastLoader(pixel_dataset.packed, 8, device="cpu", transform=tf, seed=1) as a, \
+            FastLoader(pixel_dataset.packed, 8, device="cpu", transform=tf, seed=1) as b:  # fmt: skip
+        assert a.augment.trivial.interpolation == "bilinear" and a.augment.erasing.p == 0.25
+        assert all(torch.equal(x, u) for (x, _), (u, _) in zip(a, b))  # the same seed, the same batches
