@@ -681,6 +681,39 @@ def _overridden(obj: Any, base: type, where: str, methods: tuple[str, ...]) -> N
             )
 
 
+def _item_advice(obj: Any) -> str:
+    """What to change for a dataset whose items are built in Python: read from its first item (this
+    error's path only) and its transform, e.g. accelerate's cv_example ``PetsDataset`` (dict items,
+    ``Resize((224, 224))``)."""
+    try:
+        item = obj[0]
+    except Exception:  # noqa: BLE001 - advice only
+        return _TO_PACK
+    steps = []
+    if isinstance(item, dict):
+        keys = ", ".join(repr(k) for k in list(item)[:4])
+        steps.append(
+            f"its items are dicts ({keys}) and FastLoader yields [images, labels] batches: write its files and labels "
+            "as a list file (one `path,label` line each) and `fastload pack LIST OUT` (or make its items (image, label) "
+            "pairs and fastload.pack_dataset(dataset, OUT)), then read batch[0] and batch[1] where the loop reads the "
+            "dict's image and label"
+        )
+    else:
+        steps.append(_TO_PACK)
+    for attr in sorted(vars(obj)) if hasattr(obj, "__dict__") else []:
+        t = getattr(obj, attr, None)
+        if "transform" in attr and t is not None and callable(t) and not attr.startswith("target"):
+            from .transforms import translate
+
+            try:
+                translate(t)
+                steps.append(f"pass its {attr} as FastLoader(OUT, batch_size, transform=dataset.{attr})")
+            except ConfigError as e:
+                steps.append(f"and its {attr} cannot be run as it is: {e}")
+            break
+    return "; ".join(steps)
+
+
 def _refuse(obj: Any, where: str) -> ConfigError:
     """Why FastLoader cannot read ``obj``: the method that builds its items, and what to do."""
     import torch.utils.data as tud
@@ -694,7 +727,7 @@ def _refuse(obj: Any, where: str) -> ConfigError:
             return ConfigError(
                 f"{where}: {printable(owner.__qualname__)}.{name} {how}, which FastLoader cannot reproduce (it reads "
                 f"packed images: ImageFolder/DatasetFolder files, packed datasets, and Subsets and ConcatDatasets of them); "
-                f"{_TO_PACK}"
+                f"{_item_advice(obj) if name == '__getitem__' else _TO_PACK}"
             )
     return ConfigError(f"{where}: a {printable(cls.__qualname__)} is not a dataset FastLoader can read; {_TO_PACK}")
 

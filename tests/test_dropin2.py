@@ -558,3 +558,43 @@ def test_trivial_augment_with_erasing_and_bicubic_translates_and_runs(pixel_data
             FastLoader(pixel_dataset.packed, 8, device="cpu", transform=tf, seed=1) as b:  # fmt: skip
         assert a.augment.trivial.interpolation == "bilinear" and a.augment.erasing.p == 0.25
         assert all(torch.equal(x, u) for (x, _), (u, _) in zip(a, b))  # the same seed, the same batches
+
+
+# ----------------------------------------------------------------------------- datasets built in Python
+
+
+class PetsLike(torch.utils.data.Dataset):
+    """A dataset as accelerate's cv_example writes one: a file list, dict items, an ``image_transform``."""
+
+    def __init__(self, files, image_transform=None):
+        self.file_names, self.image_transform = files, image_transform
+
+    def __len__(self):
+        return len(self.file_names)
+
+    def __getitem__(self, idx):
+        from PIL import Image
+
+        image = Image.open(self.file_names[idx]).convert("RGB")
+        return {"image": self.image_transform(image) if self.image_transform else image, "label": idx % 2}
+
+
+@pytest.mark.parametrize(
+    ("tf", "extra"),
+    [
+        (T.Compose([T.RandomResizedCrop((224, 224), scale=(0.5, 1.0)), T.ToTensor()]), "transform=dataset.image_transform"),
+        (T.Compose([T.Resize((224, 224)), T.ToTensor()]), "use Resize(224) + CenterCrop(224)"),
+    ],
+    ids=["train", "eval-stretch"],
+)
+def test_a_dict_item_dataset_is_told_exactly_what_to_change(make_folder, tf, extra):
+    """accelerate's cv_example: the error names the method, the dict items, the list-file pack, batch[0]/batch[1],
+    and what its transform needs."""
+    root = make_folder(classes=1, per_class=3)
+    files = sorted(str(p) for p in root.rglob("*.jpg"))
+    with pytest.raises(ConfigError) as e:
+        FastLoader(PetsLike(files, tf), 2)
+    msg = str(e.value)
+    for part in ("PetsLike.__getitem__ builds each item in Python", "dicts ('image', 'label')", "`fastload pack LIST OUT`",
+                 "batch[0] and batch[1]", extra):  # fmt: skip
+        assert part in msg, msg
