@@ -187,7 +187,7 @@ class _Source:
             return self.obj
         if self.kind == "view":
             return self.obj.packed
-        if self.kind == "torchvision":  # a fastload.cache.DatasetPlan: packed once, read as torch reads it
+        if self.kind == "torchvision":  # a fastload.datasets.DatasetPlan: packed once, read as torch reads it
             return self.obj.open(cache_dir=cache_dir, progress=progress, check=check)
         return Dataset(self.obj, check=check)
 
@@ -217,7 +217,7 @@ def _resolve_source(dataset: Any, transform: Any) -> _Source:
         settings = {k: v for k, v in dataset.settings.items() if k in FIELDS}  # the view also holds the seed
         return _Source("view", dataset, settings, dataset.transform, dataset.target_transform)
     if _is_torch_dataset(dataset):
-        from .cache import plan_dataset
+        from .datasets import plan_dataset
 
         plan = plan_dataset(dataset)  # ConfigError naming what cannot be reproduced, before any work
         if transform is None:

@@ -385,7 +385,7 @@ def test_random_erasing_forms_fastload_cannot_run_are_refused(transform, message
 
 
 def test_a_loader_over_a_subset_pickles_as_that_subset(make_folder, tmp_path):
-    """Through fastload.cache.plan_dataset: the copy reads the subset, not the whole entry."""
+    """Through fastload.datasets.plan_dataset: the copy reads the subset, not the whole entry."""
     import pickle
 
     root = make_folder(classes=2, per_class=6, size=(40, 40))

@@ -2,7 +2,7 @@
 
 The oracle is torch itself: for every construction, what ``dataset[p]`` of the torch object
 gives (and what ``torch.utils.data.DataLoader`` over it yields, in order) is what the view
-(:mod:`fastload.composite`, made by :func:`fastload.cache.resolve_dataset`) and FastLoader
+(:mod:`fastload.composite`, made by :func:`fastload.datasets.resolve_dataset`) and FastLoader
 give. Images are solid colours encoding (label, index in their folder) (conftest).
 """
 
@@ -20,7 +20,8 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset as TorchDataset,
 
 import fastload
 from fastload import ConfigError, FastLoader, LoaderError
-from fastload.cache import cache_entry, plan_dataset, resolve_dataset
+from fastload.cache import cache_entry
+from fastload.datasets import plan_dataset, resolve_dataset
 from fastload.composite import DatasetView, PartBuffers, concat, subset
 from fastload.errors import CorruptDataError
 from fastload.reader import ReadAhead
