@@ -29,7 +29,12 @@ declare -A TESTS=(
     [fastload/augment.py]="tests/test_oracles_augment.py
         tests/test_loader.py::test_random_resized_crop_semantics
         tests/test_loader.py::test_random_resized_crop_fallback_for_extreme_shapes
-        tests/test_loader.py::test_params_depend_only_on_seed_epoch_position"
+        tests/test_loader.py::test_params_depend_only_on_seed_epoch_position
+        tests/test_dropin2.py::test_random_erasing_follows_torchvisions_law
+        tests/test_dropin2.py::test_random_erasing_is_a_function_of_seed_epoch_and_position
+        tests/test_dropin2.py::test_jitter_order_and_factors_follow_torchvisions_law
+        tests/test_dropin2.py::test_trivial_magnitude_bins_are_torchvisions
+        tests/test_dropin2.py::test_trivial_draws_follow_torchvisions_law"
     [fastload/sampler.py]="tests/test_oracles_sampler.py
         tests/test_loader.py::test_sampler_batch_counts_and_shares
         tests/test_elastic.py::test_an_interrupted_epoch_resumed_on_another_world_reads_every_sample_once

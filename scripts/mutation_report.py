@@ -86,6 +86,14 @@ def score(workdir: Path, module: str, equivalents: Path) -> int:
         f"{counts['survived']} survived, {counts['no tests']} reached by no test, {counts['equivalent']} equivalent, "
         f"{counts['other']} other -> score {pct:.1f}% of {live} non-equivalent"
     )
+    by_function: dict[str, list[int]] = {}  # function -> [killed, non-equivalent]
+    for name, st in status.items():
+        f = by_function.setdefault(name.rpartition("__mutmut_")[0], [0, 0])
+        if name not in eq:
+            f[1] += 1
+            f[0] += st in ("killed", "timeout")
+    for f, (k, live_f) in sorted(by_function.items()):
+        print(f"    {f}: {k}/{live_f} killed")
     for name, st in survivors:
         print(f"    {st}: {name}")
     for name in stale:

@@ -274,6 +274,72 @@ def test_uniforms_use_all_64_bits_of_seed_epoch_and_position():
     assert not np.array_equal(uniforms(2**63 + 1, 0, pos, 3), a)
 
 
+_M64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def splitmix64(z: int) -> int:
+    """SplitMix64's output for state ``z`` before its increment (Steele, Lea, Flood 2014; Vigna's
+    splitmix64.c), in Python integers: ``z += golden``, then the finaliser."""
+    z = (z + _GOLDEN) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def py_uniforms(seed: int, epoch: int, positions, draws: int) -> list[list[float]]:
+    """The draws of ``uniforms`` in Python integers: a SplitMix64 hash chain of seed, epoch, position,
+    then of the draw number; the top 53 bits as a float in [0, 1)."""
+    base = splitmix64(seed & _M64)
+    base = splitmix64((base + (epoch & _M64)) & _M64)
+    out = []
+    for p in positions:
+        k = splitmix64((base + int(p)) & _M64)
+        out.append([(splitmix64(k ^ ((d * _GOLDEN) & _M64)) >> 11) * (1.0 / (1 << 53)) for d in range(1, draws + 1)])
+    return out
+
+
+def test_the_mixer_is_splitmix64():
+    """The first outputs of SplitMix64 seeded 0, as published (splitmix64.c's reference values), and
+    the finaliser on random states against the Python-integer version above.
+
+    Kills: a shift reversed (``<<``) or changed (30 -> 31), a multiplier's constant changed, the
+    increment dropped: any change to the stream."""
+    from fastload.augment import _mix
+
+    k = np.arange(4, dtype=np.uint64) * np.uint64(_GOLDEN)
+    assert [int(v) for v in _mix(k)] == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F, 0xF88BB8A8724C81EC]
+    z = np.random.default_rng(5).integers(0, 2**64, 1000, dtype=np.uint64, endpoint=False)
+    assert [int(v) for v in _mix(z)] == [splitmix64(int(v)) for v in z]
+
+
+@pytest.mark.parametrize("seed, epoch", [(0, 0), (1, 2), (2**64 - 1, 7), (12345, 2**40)])
+def test_the_stream_of_uniforms_is_pinned(seed, epoch):
+    """Every draw equals the Python-integer construction: a saved epoch's crops and flips are the
+    same in every version, on every machine (a resume across an upgrade reads the crops it would
+    have). Kills: ``base - epoch`` or ``base - position`` for ``+``, the draw counter starting at 0,
+    53 bits taken from the wrong end."""
+    pos = [0, 1, 2, 1000, 2**40 + 3]
+    got = uniforms(seed, epoch, np.array(pos, dtype=np.uint64), 7)
+    assert got.tolist() == py_uniforms(seed, epoch, pos, 7)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint16, np.int64, "list"])
+def test_random_resized_crop_takes_sizes_of_any_integer_type(dtype):
+    """Sizes given as int32 (a 50000x50000 image: its area overflows int32), uint16 or a list give
+    torchvision's boxes. Kills: the sizes not converted to float64 before their product."""
+    sizes = [(50000, 50000), (60000, 40000), (65535, 300), (300, 65535), (500, 375)]
+    if dtype == np.uint16:
+        sizes = [(min(a, 65535), min(b, 65535)) for a, b in sizes]
+    w = [a for a, _ in sizes] * 50
+    h = [b for _, b in sizes] * 50
+    u = np.random.default_rng(9).random((len(w), 4 * ATTEMPTS))
+    ww, hh = (w, h) if dtype == "list" else (np.array(w, dtype=dtype), np.array(h, dtype=dtype))
+    got = random_resized_crop(ww, hh, u, scale=DEFAULT_SCALE, ratio=DEFAULT_RATIO)
+    want = [tv_get_params(a, b, row, DEFAULT_SCALE, DEFAULT_RATIO) for a, b, row in zip(w, h, u)]
+    assert got.tolist() == [list(map(float, t)) for t in want]
+
+
 # ----------------------------------------------------------------------------- the laws of the crop
 
 #: A 4000x4000 image with scale (0.08, 0.5) and ratio (3/4, 4/3): the widest crop asked for is
@@ -506,6 +572,20 @@ def test_eval_params_match_torchvision_itself():
         coords = torch.stack(torch.meshgrid(torch.arange(nh), torch.arange(nw), indexing="ij")).float()
         c = tvf.center_crop(coords, [64, 64])
         assert (int(c[1, 0, 0]), int(c[0, 0, 0])) == tuple(corner[0]), (a, b)
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32, "list"])
+def test_eval_params_take_sizes_of_any_integer_type(dtype):
+    """Sizes as uint16 (``resize * w`` would wrap at 65536 in uint16), int32 or a list: torchvision's
+    geometry. Kills: the sizes not converted to int64 before ``resize * side``."""
+    sizes = [(500, 375), (375, 500), (4000, 3000), (65535, 1000), (1000, 65535), (641, 480)]
+    w = [a for a, _ in sizes]
+    h = [b for _, b in sizes]
+    ww, hh = (w, h) if dtype == "list" else (np.array(w, dtype=dtype), np.array(h, dtype=dtype))
+    size, corner = eval_params(ww, hh, resize=256, crop=224)
+    want = [tv_resize_center_crop(a, b, 256, 224) for a, b in sizes]
+    assert size.tolist() == [list(map(float, s)) for s, _ in want]
+    assert corner.tolist() == [list(map(float, c)) for _, c in want]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
