@@ -477,3 +477,100 @@ def test_len_of_the_loader_and_its_sampler_after_a_resume_on_another_world(tiny,
             total_after += n_samples
     assert total_after >= N_TINY - read_before  # padded shares cover the remainder
     assert total_after - (N_TINY - read_before) < w2  # padding: fewer than one sample a rank
+
+
+# ----------------------------------------------------------------------------- small contracts, each against its own oracle
+
+
+def test_block_size_for_is_the_most_records_whose_run_fits():
+    """``block_size_for(r)`` is the largest k >= 1 with k * r <= run_bytes, computed exactly with
+    fractions; the inputs include the record sizes where the float quotient rounds up to an
+    integer (8 MiB / 932067.5555555556 is 8.999... but 9.0 in floats).
+
+    Kills: ``run_bytes / r`` truncated for ``run_bytes // r`` (a run one record over its size)."""
+    import math
+    from fractions import Fraction
+
+    from fastload.sampler import block_size_for
+
+    run = 8 << 20
+    sizes = [math.nextafter(run / k, math.inf) for k in (9, 17, 1000, 4097)] + [1.0, 0.5, 100.0, 8e6, 9e6, 123456.789]
+    for r in sizes:
+        exact = max(1, int(Fraction(run) // Fraction(max(1.0, r))))
+        assert block_size_for(r) == exact, r
+        assert block_size_for(r) == 1 or block_size_for(r) * Fraction(r) <= run
+
+
+def test_block_order_of_no_samples_is_an_empty_int64_array():
+    """Kills: the empty order returned as float64 (indexing a dataset with it fails)."""
+    from fastload.sampler import block_order
+
+    out = block_order(0, block_size=4, window=2, rng=np.random.default_rng(0))
+    assert out.dtype == np.int64 and out.shape == (0,)
+
+
+def test_check_batch_bounds_and_its_message():
+    """1 and MAX_BATCH pass, 0 and MAX_BATCH + 1 are ConfigErrors naming the argument and what it counts.
+
+    Kills: ``lo=2``, the bounds or the name dropped, the hint dropped or changed."""
+    from fastload import ConfigError
+    from fastload.sampler import MAX_BATCH, check_batch
+
+    assert check_batch(1) == 1 and check_batch(MAX_BATCH) == MAX_BATCH
+    for bad in (0, MAX_BATCH + 1, -3):
+        with pytest.raises(ConfigError, match=r"batch_size.* \(samples in one batch on one rank\)"):
+            check_batch(bad)
+    with pytest.raises(ConfigError, match=r"^the sampler's largest batch"):
+        check_batch(0, what="the sampler's largest batch")
+
+
+def test_resume_arguments_and_their_errors():
+    """``resume(epoch)`` and ``resume(epoch, [])`` read every epoch from its start (no resumed
+    epoch is left behind: the loader warns when one is left before its end); bad intervals name
+    ``consumed``; a batch count per rank must be one per rank.
+
+    Kills: ``resume(e, [])`` recording an empty resumed epoch; ``consumed=None`` passed on; the
+    argument's name dropped from the messages."""
+    from fastload import ConfigError
+
+    s = EpochSampler(num_samples=20, batch_size=3, world_size=2, rank=1, seed=1)
+    s.resume(2)
+    assert s.resumed is None
+    s.resume(2, [])
+    assert s.resumed is None
+    s.resume(2, [[0, 4]])
+    assert s.resumed is not None and s.resumed[0] == 2 and s.resumed[1].tolist() == [[0, 4]]
+    s.resume(None)
+    assert s.resumed is None
+    with pytest.raises(ConfigError, match=r"^consumed must hold"):
+        s.resume(2, [[5, 3]])
+    with pytest.raises(ConfigError, match=r"^consumed must hold"):
+        s.consumed_after(2, 1, consumed=[[0, 99]])
+    with pytest.raises(ConfigError, match=r"need one batch count per rank \(2\), got 3"):
+        s.consumed_after(2, [1, 1, 1])
+
+
+@pytest.mark.parametrize("kind", ["global", "block", "sequential"])
+def test_num_batches_and_consumed_after_of_a_resumed_epoch_given_explicitly(kind):
+    """``num_batches(e, consumed)`` and ``consumed_after(e, done, consumed)`` with the consumed
+    intervals given as an argument (the sampler itself not resumed) agree with a sampler resumed
+    on them, and with the brute-forced reads. Kills: the ``consumed`` argument ignored (or the
+    epoch) in num_batches, consumed_after or first_batch."""
+    n, epoch = 23, 4
+    a = _samplers(n, 2, 3, kind, False, True)
+    iv = a[0].consumed_after(epoch, 2)
+    fresh = _samplers(n, 3, 2, kind, False, True)
+    resumed = _samplers(n, 3, 2, kind, False, True)
+    for s in resumed:
+        s.resume(epoch, iv)
+    for f, r in zip(fresh, resumed):
+        assert f.num_batches(epoch, iv) == r.num_batches(epoch) == len(list(r.batches(epoch)))
+        assert f.num_batches(epoch) == len(f) and f.num_batches(epoch + 1, None) == len(f)
+        assert f.first_batch(epoch, iv) == r.first_batch(epoch) > 0
+    done = [r.first_batch(epoch) + 1 for r in resumed]
+    got = fresh[0].consumed_after(epoch, done, consumed=iv)
+    assert got == resumed[0].consumed_after(epoch, done)
+    reads = _reads(resumed, epoch, [1, 1, 1])
+    before = set(np.flatnonzero(interval_mask(np.array(iv).reshape(-1, 2), n)).tolist())
+    assert got == intervals_of(np.isin(np.arange(n), sorted(before | _consumed(reads, n))))
+    assert resumed[0].consumed_after(epoch + 1, 1) == fresh[0].consumed_after(epoch + 1, 1)
