@@ -67,8 +67,8 @@ def color(
     return images
 
 
-def _trivial_op(img: torch.Tensor, name: str, m: float, interpolation: Any, fill: Any) -> torch.Tensor:
-    """One TrivialAugmentWide operation on a CHW uint8 image, as torchvision applies it."""
+def _trivial_op(img: Any, name: str, m: float, interpolation: Any, fill: Any) -> Any:
+    """One TrivialAugmentWide operation on a CHW uint8 tensor or a PIL image, as torchvision applies it."""
     import torchvision.transforms.functional as F
 
     if name == "ShearX":
@@ -110,23 +110,71 @@ def trivial(
     work = np.flatnonzero(ops != 0)  # Identity leaves the image
     if not len(work):
         return images
+    if images.device.type == "cpu" and images.dtype in (torch.float32, torch.float16, torch.uint8):
+        _trivial_numpy(images.numpy(), work, ops, mags, mean=mean, std=std, mode=InterpolationMode(interpolation), fill=fill)
+        return images
     dev = images.device
     if mean is not None:
         m = torch.tensor(mean, device=dev).view(3, 1, 1)
         s = torch.tensor(std, device=dev).view(3, 1, 1)
     mode = InterpolationMode(interpolation)
     filled = None if fill is None else [float(v) for v in (fill if len(fill) == 3 else list(fill) * 3)]
+    on_cpu = images.device.type == "cpu"
     for k in work.tolist():
         x = images[k]
         u8 = x if mean is None else ((x.float() * s + m) * 255.0).round_().clamp_(0, 255).to(torch.uint8)
-        out = _trivial_op(u8, TRIVIAL_OPS[int(ops[k])][0], float(mags[k]), mode, filled)
+        name, mag = TRIVIAL_OPS[int(ops[k])][0], float(mags[k])
+        if on_cpu:  # PIL's single-threaded C, as a DataLoader worker runs it on the PIL image (torch's small
+            # per-image kernels beside DALI's threads spin in its intra-op pool: 50x slower measured)
+            out = _pil_op(u8, name, mag, mode, filled)
+        else:
+            out = _trivial_op(u8, name, mag, mode, filled)
         images[k] = out if mean is None else ((out.float() / 255.0 - m) / s).to(images.dtype)
     return images
+
+
+def _trivial_numpy(arr: np.ndarray, work: np.ndarray, ops: np.ndarray, mags: np.ndarray, *, mean, std, mode, fill) -> None:
+    """:func:`trivial` on the CPU, in NumPy and PIL: each image's uint8 pixels, its operation on the PIL
+    image (as a DataLoader worker runs TrivialAugmentWide), written back normalised.
+
+    Neither NumPy nor PIL uses a thread pool here: torch's small per-image kernels beside DALI's
+    threads spun in its intra-op pool, 50x slower (measured on 2 cores).
+    """
+    from PIL import Image
+
+    from .augment import TRIVIAL_OPS
+
+    if mean is not None:
+        m = np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
+        s = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
+    pil_fill = None if fill is None else [int(round(v)) for v in (fill if len(fill) == 3 else list(fill) * 3)]
+    for k in work.tolist():
+        x = arr[k]  # CHW (a strided view for channels_last)
+        u8 = x if mean is None else np.clip(np.rint((x * s + m) * 255.0), 0, 255).astype(np.uint8)
+        pil = Image.fromarray(np.ascontiguousarray(u8.transpose(1, 2, 0)))
+        out = np.asarray(_trivial_op(pil, TRIVIAL_OPS[int(ops[k])][0], float(mags[k]), mode, pil_fill)).transpose(2, 0, 1)
+        x[...] = out if mean is None else (out.astype(np.float32) * (1.0 / 255.0) - m) / s
+
+
+def _pil_op(u8: torch.Tensor, name: str, m: float, mode: Any, fill: Any) -> torch.Tensor:
+    """:func:`_trivial_op` on the PIL image of a CHW uint8 tensor, back as CHW uint8."""
+    from PIL import Image
+
+    pil = Image.fromarray(u8.permute(1, 2, 0).contiguous().numpy())
+    pil_fill = None if fill is None else [int(round(v)) for v in fill]
+    out = _trivial_op(pil, name, m, mode, pil_fill)
+    return torch.from_numpy(np.array(out, dtype=np.uint8)).permute(2, 0, 1)
 
 
 def erase(images: torch.Tensor, rects: np.ndarray, value: Sequence[float]) -> torch.Tensor:
     """Fill ``rects`` (``[n, 4]`` top, left, h, w; ``h == 0``: none) of NCHW ``images`` with ``value``, in place."""
     if not (rects[:, 2] > 0).any():
+        return images
+    if images.device.type == "cpu" and images.dtype in (torch.float32, torch.float16, torch.uint8):
+        arr, fill_np = images.numpy(), np.asarray(list(value), dtype=images.numpy().dtype).reshape(-1, 1, 1)
+        for k in np.flatnonzero(rects[:, 2] > 0).tolist():  # NumPy: no thread pool (see _trivial_numpy)
+            t, left, h, w = (int(v) for v in rects[k])
+            arr[k, :, t : t + h, left : left + w] = fill_np
         return images
     fill = torch.tensor(list(value), dtype=images.dtype, device=images.device).reshape(-1, 1, 1)
     for k in np.flatnonzero(rects[:, 2] > 0).tolist():

@@ -499,7 +499,8 @@ def test_trivial_magnitude_bins_are_torchvisions():
 @pytest.mark.parametrize("op", ["ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color",
                                 "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize"])  # fmt: skip
 def test_each_trivial_operation_is_torchvisions_on_the_uint8_crop(pixel_dataset, op):
-    """Oracle: torchvision's autoaugment._apply_op on the same uint8 crops, for the magnitude each image drew."""
+    """Oracle: torchvision's autoaugment._apply_op on the same uint8 crops as PIL images (what a DataLoader
+    worker applies it to), for each magnitude; on CUDA the tensor functions run instead."""
     import numpy as np
     from torchvision.transforms import InterpolationMode, autoaugment
 
@@ -515,9 +516,12 @@ def test_each_trivial_operation_is_torchvisions_on_the_uint8_crop(pixel_dataset,
     mags = table[(np.arange(24) * 5) % 31] * signs if len(table) else np.zeros(24)  # bins across the range, both signs
     ops = np.full(24, k)
     got = trivial(u8.clone(), ops, mags, mean=None, std=None, interpolation="nearest", fill=None)
-    for j in range(24):
-        want = autoaugment._apply_op(u8[j], op, float(mags[j]), interpolation=InterpolationMode.NEAREST, fill=None)
-        assert torch.equal(got[j], want), j
+    from PIL import Image
+
+    for j in range(24):  # on the CPU: what torchvision does to the PIL image a DataLoader worker holds
+        pil = Image.fromarray(u8[j].permute(1, 2, 0).numpy())
+        want = autoaugment._apply_op(pil, op, float(mags[j]), interpolation=InterpolationMode.NEAREST, fill=None)
+        assert torch.equal(got[j], torch.from_numpy(np.array(want)).permute(2, 0, 1)), j
     # and normalised batches take the same operation on their uint8 pixels
     m, s = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
     norm = ((u8.float() / 255 - torch.tensor(m).view(1, 3, 1, 1)) / torch.tensor(s).view(1, 3, 1, 1))
