@@ -418,8 +418,9 @@ def _one_frame_of(b: bytes | memoryview, w: int, h: int) -> bool:
     return frame is not None and frame[1:] == (w, h)
 
 
-def _exif_orientation(b: memoryview, t: int, end: int) -> int | None:
-    """Orientation from the TIFF structure of an Exif APP1 segment (1 if absent, None if unreadable)."""
+def _ifd0_orientation(b: Any, t: int, end: int) -> tuple[int, int, int, str] | int | None:
+    """The Orientation entry of the first IFD of an Exif TIFF structure at ``b[t:end]``:
+    ``(its offset, its type, its count, byte order)``; 1 when it has none; None if unreadable."""
     if end - t < 8:
         return None
     order = bytes(b[t : t + 2])
@@ -435,34 +436,29 @@ def _exif_orientation(b: memoryview, t: int, end: int) -> int | None:
     if p + 12 * count > end:
         return None
     for k in range(count):
-        tag, typ = struct.unpack_from(e + "HH", b, p + 12 * k)
+        tag, typ, n = struct.unpack_from(e + "HHI", b, p + 12 * k)
         if tag == _EXIF_ORIENTATION:
-            return struct.unpack_from(e + "H", b, p + 12 * k + 8)[0] if typ == 3 else None
+            return p + 12 * k, typ, n, e
     return 1
+
+
+def _exif_orientation(b: memoryview, t: int, end: int) -> int | None:
+    """Orientation from the TIFF structure of an Exif APP1 segment (1 if absent, None if unreadable)."""
+    entry = _ifd0_orientation(b, t, end)
+    if not isinstance(entry, tuple):
+        return entry
+    off, typ, _n, e = entry
+    return struct.unpack_from(e + "H", b, off + 8)[0] if typ == 3 else None
 
 
 def _orientation_entry(b: bytes, t: int, end: int) -> tuple[int, str] | None:
     """Where the value of the Orientation entry (a SHORT) of an Exif TIFF structure at
     ``b[t:end]`` is, with its byte order; None if it has none or is unreadable."""
-    if end - t < 8:
+    entry = _ifd0_orientation(b, t, end)
+    if not isinstance(entry, tuple):
         return None
-    order = b[t : t + 2]
-    e = "<" if order == b"II" else ">" if order == b"MM" else None
-    if e is None:
-        return None
-    (ifd,) = struct.unpack_from(e + "I", b, t + 4)
-    p = t + ifd
-    if ifd < 8 or p + 2 > end:
-        return None
-    (count,) = struct.unpack_from(e + "H", b, p)
-    p += 2
-    if p + 12 * count > end:
-        return None
-    for k in range(count):
-        tag, typ, n = struct.unpack_from(e + "HHI", b, p + 12 * k)
-        if tag == _EXIF_ORIENTATION:
-            return (p + 12 * k + 8, e) if typ == 3 and n == 1 else None
-    return None
+    off, typ, n, e = entry
+    return (off + 8, e) if typ == 3 and n == 1 else None
 
 
 def upright_tag(raw: bytes) -> bytes:
