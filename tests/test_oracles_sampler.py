@@ -379,6 +379,7 @@ def test_interval_mask_and_intervals_of_are_inverse(n, data):
     mask = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
     iv = intervals_of(mask)
     assert np.array_equal(interval_mask(np.array(iv, dtype=np.int64).reshape(-1, 2), n), mask)
+    assert np.array_equal(interval_mask(iv, n), mask)  # a plain list too, the empty one included
     for (a, b), (c, d) in zip(iv, iv[1:]):
         assert a < b < c < d
     assert sum(b - a for a, b in iv) == int(mask.sum())
@@ -518,7 +519,7 @@ def test_check_batch_bounds_and_its_message():
 
     assert check_batch(1) == 1 and check_batch(MAX_BATCH) == MAX_BATCH
     for bad in (0, MAX_BATCH + 1, -3):
-        with pytest.raises(ConfigError, match=r"batch_size.* \(samples in one batch on one rank\)"):
+        with pytest.raises(ConfigError, match=r"^batch_size must be an int in \[1, 65536\] \(samples in one batch on one rank\), got"):
             check_batch(bad)
     with pytest.raises(ConfigError, match=r"^the sampler's largest batch"):
         check_batch(0, what="the sampler's largest batch")
@@ -574,3 +575,133 @@ def test_num_batches_and_consumed_after_of_a_resumed_epoch_given_explicitly(kind
     before = set(np.flatnonzero(interval_mask(np.array(iv).reshape(-1, 2), n)).tolist())
     assert got == intervals_of(np.isin(np.arange(n), sorted(before | _consumed(reads, n))))
     assert resumed[0].consumed_after(epoch + 1, 1) == fresh[0].consumed_after(epoch + 1, 1)
+
+
+def test_intervals_of_reads_truthiness_not_values():
+    """A 0/1/2 integer mask has the True runs of its truthiness. Kills: the mask not cast to bool
+    (a step from 1 to 2 read as an edge)."""
+    assert intervals_of(np.array([0, 1, 2, 2, 0, 3])) == [[1, 4], [5, 6]]
+
+
+BAD_INTERVALS = [
+    ("c", 5, r"^c must be a list of \[start, stop\] pairs, got 5"),
+    ("c", [5], r"^c must be a list of \[start, stop\] integer pairs, got the item 5"),
+    ("c", [[1, 2, 3]], r"integer pairs, got the item \[1, 2, 3\]"),
+    ("c", [np.array([1, 2])], r"integer pairs, got the item"),
+    ("c", [[True, 2]], r"integer pairs, got the item \[True, 2\]"),
+    ("c", [[0.5, 2]], r"integer pairs, got the item \[0.5, 2\]"),
+    ("c", [[0, 2**70]], rf"^c must hold \[start, stop\) pairs within 0..10, got {2**70}"),
+    ("c", [[-1, 3]], r"^c must hold \[start, stop\) pairs within 0..10, got -1"),
+    ("c", [[3, 3]], r"^c must hold ascending, disjoint \[start, stop\) pairs with 0 <= start < stop <= 10"),
+    ("c", [[4, 3]], r"ascending, disjoint"),
+    ("c", [[0, 5], [3, 8]], r"ascending, disjoint"),
+    ("c", [[0, 2], [5, 6], [3, 4]], r"ascending, disjoint"),
+    ("c", np.array([[0, 11]], dtype=np.int64), r"ascending, disjoint"),
+    ("c", np.array([[-1, 3]], dtype=np.int64), r"ascending, disjoint"),
+    ("c", np.array([[3, 3]], dtype=np.int64), r"ascending, disjoint"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, value, message", BAD_INTERVALS)
+def test_check_intervals_refuses_what_is_not_sorted_disjoint_pairs_in_range(name, value, message):
+    """Each malformed value a ConfigError naming the argument and the offending part. Kills: any
+    of the checks' conditions joined by ``and``, ``<`` for ``<=``, the out-of-range pre-check or a
+    message dropped, the wrong item quoted, a slice bound changed."""
+    from fastload import ConfigError
+    from fastload.sampler import check_intervals
+
+    with pytest.raises(ConfigError, match=message):
+        check_intervals(name, value, 10)
+
+
+@pytest.mark.parametrize("value", [[], [[0, 3], [3, 5]], [[0, 10]], [(2, 4), [6, 7]], np.array([[1, 2], [4, 9]], dtype=np.int64)])
+def test_check_intervals_accepts_touching_and_whole_intervals(value):
+    """Touching intervals are disjoint; [0, n) is in range. Kills: ``a[1:] <= b[:-1]`` for ``<``."""
+    from fastload.sampler import check_intervals
+
+    rows = check_intervals("c", value, 10)
+    assert rows.dtype == np.int64 and rows.shape == (len(value), 2)
+    assert rows.tolist() == [list(p) for p in (value.tolist() if isinstance(value, np.ndarray) else value)]
+
+
+BAD_SAMPLERS = [
+    (dict(num_samples=-1), r"^num_samples must be an int in \[0, 8589934592\], got -1"),
+    (dict(num_samples=2**33 + 1), r"^num_samples must be an int in \[0, 8589934592\]"),
+    (dict(seed=-1), r"^seed must be an int in \[0, 18446744073709551615\], got -1"),
+    (dict(seed=2**64), r"^seed must be an int in \[0, 18446744073709551615\]"),
+    (dict(window=0), r"^window must be an int"),
+    (dict(block_size=0), r"^block_size must be an int"),
+    (dict(batch_size=0), r"^batch_size must be >= 1, got 0"),
+    (dict(world_size=0, rank=0), r"^world_size must be >= 1, got 0"),
+    (dict(world_size=2, rank=2), r"^rank must be in \[0, world_size=2\), got 2"),
+    (dict(world_size=2, rank=-1), r"^rank must be in \[0, world_size=2\), got -1"),
+    (dict(order="random"), r"^order must be one of 'global', 'block', got 'random'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kw, message", BAD_SAMPLERS)
+def test_epoch_sampler_refuses_bad_arguments_naming_them(kw, message):
+    """Kills: a bound dropped or moved (``lo=2`` for window, ``rank <= world_size``), a name or a
+    message dropped or changed."""
+    from fastload import ConfigError
+
+    args = {"num_samples": 10, "batch_size": 2, **kw}
+    with pytest.raises(ConfigError, match=message):
+        EpochSampler(**args)
+
+
+def test_epoch_sampler_defaults_and_edges():
+    """The documented defaults (seed 0, block_size 64, window 16, no drop_last, padding); window 1 and
+    seed 2**64 - 1 and 2**33 samples accepted; no samples: no batch on any rank. Kills: a default
+    changed; ``per_rank`` 1 for an empty dataset; a bound one too tight."""
+    s = EpochSampler(num_samples=10, batch_size=2)
+    assert (s.seed, s.block_size, s.window, s.drop_last, s.pad, s.shuffle, s.mode) == (0, 64, 16, False, True, True, "global")
+    assert EpochSampler(num_samples=10, batch_size=2, window=1, block_size=1, seed=2**64 - 1).window == 1
+    assert EpochSampler(num_samples=2**33, batch_size=2).per_rank == 2**33
+    for kind in KINDS.values():
+        for dl, pad in ((False, True), (True, True), (False, False)):
+            e = EpochSampler(num_samples=0, batch_size=2, world_size=2, rank=1, drop_last=dl, pad=pad, **kind)
+            assert e.per_rank == 0 and len(e) == 0 and list(e.batches(0)) == [] and e.total == 0
+
+
+def test_indices_and_positions_are_int64_and_the_order_is_read_only():
+    """Batches hold int64 indices and positions (a dataset is indexed by them); the cached order cannot
+    be changed by a caller. Kills: indices cast with ``astype(None)`` (float64); the order left writable."""
+    for kind in KINDS.values():
+        s = EpochSampler(num_samples=11, batch_size=3, world_size=2, rank=1, **kind)
+        for b in s.batches(0):
+            assert b.indices.dtype == np.int64 and b.positions.dtype == np.int64
+        order = s.base_order(0)
+        assert not order.flags.writeable
+        with pytest.raises(ValueError):
+            order[0] = 5
+
+
+def test_an_epoch_resumed_with_everything_consumed_reads_nothing():
+    """Every position consumed: no batch on any rank, no padding read. Kills: one padded slot per rank
+    for an empty remainder (``per = 1`` when nothing remains)."""
+    for kind in KINDS.values():
+        for dl, pad in ((False, True), (True, True), (False, False)):
+            for r in range(3):
+                s = EpochSampler(num_samples=10, batch_size=2, world_size=3, rank=r, drop_last=dl, pad=pad, **kind)
+                s.resume(1, [[0, 10]])
+                assert list(s.batches(1)) == [] and s.num_batches(1) == 0 and len(s.rank_indices(1)) == 0
+
+
+def test_consumed_after_counts_each_ranks_own_first_batch():
+    """Without padding the ranks' shares of a remainder differ (19 positions on 3 ranks: 7, 6, 6, so
+    3 or 4 batches of 2, after 4 of the full epoch): rank 0 resumes at batch 0, ranks 1 and 2 at batch
+    1, and consumed_after reads each rank's count against its own first batch, brute-forced from the
+    reads. Kills: ``first_batch`` of the calling rank used for every rank (``rank=None``)."""
+    n, epoch = 24, 0
+    iv = [[0, 5]]  # 19 positions remain
+    ss = _samplers(n, 3, 2, "sequential", False, False)
+    for s in ss:
+        s.resume(epoch, iv)
+    firsts = [s.first_batch(epoch) for s in ss]
+    assert firsts == [0, 1, 1]
+    reads = _reads(ss, epoch, [1, 1, 1])
+    want = intervals_of(np.isin(np.arange(n), sorted(set(range(5)) | _consumed(reads, n))))
+    done = [f + 1 for f in firsts]
+    for s in ss:
+        assert s.consumed_after(epoch, done) == want
