@@ -35,7 +35,29 @@ declare -A TESTS=(
         tests/test_dropin2.py::test_jitter_order_and_factors_follow_torchvisions_law
         tests/test_dropin2.py::test_trivial_magnitude_bins_are_torchvisions
         tests/test_dropin2.py::test_trivial_draws_follow_torchvisions_law"
-    [fastload/sampler.py]="tests/test_oracles_sampler.py
+    [fastload/sampler.py]="tests/test_oracles_sampler.py::test_unshuffled_shares_are_distributed_samplers_batches
+        tests/test_oracles_sampler.py::test_shuffled_shares_are_distributed_samplers_layout_of_the_epochs_permutation
+        tests/test_oracles_sampler.py::test_without_padding_every_sample_is_read_by_exactly_one_rank
+        tests/test_oracles_sampler.py::test_the_order_does_not_depend_on_the_world_or_the_batch_size
+        tests/test_oracles_sampler.py::test_the_shuffle_puts_every_sample_at_every_position_equally_often
+        tests/test_oracles_sampler.py::test_orders_of_neighbouring_epochs_and_seeds_are_independent
+        tests/test_oracles_sampler.py::test_resume_table
+        tests/test_oracles_sampler.py::test_merge_states_of_an_epoch_already_resumed_once_is_exactly_what_was_read
+        tests/test_oracles_sampler.py::test_make_state_on_every_rank_at_the_same_step_is_the_same_state
+        tests/test_oracles_sampler.py::test_interval_mask_and_intervals_of_are_inverse
+        tests/test_oracles_sampler.py::test_block_size_for_is_the_most_records_whose_run_fits
+        tests/test_oracles_sampler.py::test_block_order_of_no_samples_is_an_empty_int64_array
+        tests/test_oracles_sampler.py::test_check_batch_bounds_and_its_message
+        tests/test_oracles_sampler.py::test_resume_arguments_and_their_errors
+        tests/test_oracles_sampler.py::test_num_batches_and_consumed_after_of_a_resumed_epoch_given_explicitly
+        tests/test_oracles_sampler.py::test_intervals_of_reads_truthiness_not_values
+        tests/test_oracles_sampler.py::test_check_intervals_refuses_what_is_not_sorted_disjoint_pairs_in_range
+        tests/test_oracles_sampler.py::test_check_intervals_accepts_touching_and_whole_intervals
+        tests/test_oracles_sampler.py::test_epoch_sampler_refuses_bad_arguments_naming_them
+        tests/test_oracles_sampler.py::test_epoch_sampler_defaults_and_edges
+        tests/test_oracles_sampler.py::test_indices_and_positions_are_int64_and_the_order_is_read_only
+        tests/test_oracles_sampler.py::test_an_epoch_resumed_with_everything_consumed_reads_nothing
+        tests/test_oracles_sampler.py::test_consumed_after_counts_each_ranks_own_first_batch
         tests/test_loader.py::test_sampler_batch_counts_and_shares
         tests/test_elastic.py::test_an_interrupted_epoch_resumed_on_another_world_reads_every_sample_once
         tests/test_elastic.py::test_a_fresh_epoch_keeps_the_distributed_sampler_layout
