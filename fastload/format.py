@@ -199,6 +199,23 @@ def encode_record(
     return b"".join((head, path_b, payload))
 
 
+class ValueHead(bytes):
+    """The first bytes of a stored value, whose ``len()`` is the whole value's: what
+    :func:`~fastload.format.decode_header` needs to check the header's lengths against the
+    value without the payload having been read (the payload is read apart, into its own
+    ``bytes``, saving a copy of it)."""
+
+    length: int
+
+    def __new__(cls, head: bytes | memoryview, length: int) -> "ValueHead":
+        obj = super().__new__(cls, head)
+        obj.length = length
+        return obj
+
+    def __len__(self) -> int:
+        return self.length
+
+
 def decode_header(value: bytes | memoryview, *, where: str = "record") -> RecordHeader:
     """Parse and validate the header of a stored value.
 

@@ -31,6 +31,7 @@ from .format import (
     ShardInfo,
     check_stored_size,
     checksum_name,
+    ValueHead,
     decode_header,
     jpeg_frame,
     payload_checksum,
@@ -55,23 +56,6 @@ T = TypeVar("T")
 
 #: Bytes of a record read first when its payload is read apart (header, source path).
 _HEAD = 512
-
-
-class _ValueHead(bytes):
-    """The first bytes of a stored value, whose ``len()`` is the whole value's: what
-    :func:`~fastload.format.decode_header` needs to check the header's lengths against the
-    value without the payload having been read (the payload is read apart, into its own
-    ``bytes``, saving a copy of it)."""
-
-    length: int
-
-    def __new__(cls, head: bytes | memoryview, length: int) -> "_ValueHead":
-        obj = super().__new__(cls, head)
-        obj.length = length
-        return obj
-
-    def __len__(self) -> int:
-        return self.length
 
 
 def read_manifest(path: str | os.PathLike) -> Manifest:
@@ -293,7 +277,7 @@ class Dataset:
         except DamagedShardError as e:
             raise CorruptDataError(f"{e}; run `fastload verify {self.path}`") from None
         try:
-            header = decode_header(value if len(value) == n else _ValueHead(value, n), where="")
+            header = decode_header(value if len(value) == n else ValueHead(value, n), where="")
         except CorruptDataError as e:
             raise CorruptDataError(f"{self._where(k, i)}{e}") from None
         start = HEADER_SIZE + header.path_len

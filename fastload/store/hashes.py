@@ -27,6 +27,7 @@ from ..format import (
     HEADER_SIZE,
     KEY,
     RecordHeader,
+    ValueHead,
     decode_header,
 )
 from .btree import ShardScan
@@ -83,22 +84,6 @@ def _indexed(records: Iterator[tuple[bytes, Any, int]], where: str) -> Iterator[
         yield i, v, n
 
 
-class _Head(bytes):
-    """The first bytes of a stored value whose ``len()`` is the whole value's, so that
-    :func:`~fastload.format.decode_header` checks the header's lengths against the value
-    without the rest of it having been read."""
-
-    length: int
-
-    def __new__(cls, head: bytes | memoryview, length: int) -> "_Head":
-        obj = super().__new__(cls, head)
-        obj.length = length
-        return obj
-
-    def __len__(self) -> int:
-        return self.length
-
-
 def iter_headers(path: str | os.PathLike) -> Iterator[tuple[int, RecordHeader]]:
     """``(global index, header)`` of every record of one shard file, in key order.
 
@@ -113,7 +98,7 @@ def iter_headers(path: str | os.PathLike) -> Iterator[tuple[int, RecordHeader]]:
     p = str(path)
     with open_shard_readonly(p) as scan:
         for i, v, n in _indexed(scan.records(head=HEADER_SIZE), p):
-            yield i, decode_header(v if len(v) == n else _Head(v, n), where=f"{p} sample {i}")
+            yield i, decode_header(v if len(v) == n else ValueHead(v, n), where=f"{p} sample {i}")
 
 
 class HeaderStats:
