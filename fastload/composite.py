@@ -294,13 +294,7 @@ class DatasetView(Dataset):
         return dict(self.__dict__)  # the parts drop their descriptors themselves
 
     # -- metadata ---------------------------------------------------------------------------
-    @property
-    def classes(self) -> list[str]:
-        return list(self.manifest.classes)
-
-    @property
-    def labels(self) -> np.ndarray:
-        return self._labels
+    # classes, labels: Dataset's own (this view's manifest and labels)
 
     def __len__(self) -> int:
         return int(self.index_in_part.size)
