@@ -113,7 +113,7 @@ ERASE_SALT = 0x6A09E667F3BCC908
 
 def erase_params(
     crop: int, *, seed: int, epoch: int, positions: np.ndarray, p: float,
-    scale: tuple[float, float], ratio: tuple[float, float], attempts: int = 10,
+    scale: tuple[float, float], ratio: tuple[float, float], attempts: int = 10, divide: np.ndarray | None = None,
 ) -> np.ndarray:  # fmt: skip
     """torchvision ``RandomErasing``'s rectangles on ``crop`` x ``crop`` images, vectorised.
 
@@ -123,6 +123,9 @@ def erase_params(
     top-left corner uniform over the places it fits (``randint(0, crop - h + 1)``); none taken:
     not erased (torchvision returns the image). A pure function of (seed, epoch, position).
 
+    ``divide`` (per sample) divides the area, as timm's ``RandomErasing`` does for each of its
+    ``count`` rectangles.
+
     Returns:
         ``[n, 4]`` int64 ``(top, left, h, w)``; ``h == 0`` where nothing is erased.
     """
@@ -130,6 +133,8 @@ def erase_params(
     u = uniforms(seed ^ ERASE_SALT, epoch, positions, 1 + 4 * attempts)
     a = attempts
     area = float(crop * crop) * (scale[0] + u[:, 1 : 1 + a] * (scale[1] - scale[0]))
+    if divide is not None:  # timm's count: each of the image's rectangles gets 1 / count of the area
+        area = area / np.asarray(divide, dtype=np.float64)[:, None]
     lr0, lr1 = math.log(ratio[0]), math.log(ratio[1])
     aspect = np.exp(lr0 + u[:, 1 + a : 1 + 2 * a] * (lr1 - lr0))
     h = np.rint(np.sqrt(area * aspect)).astype(np.int64)  # Python's round: half to even, as np.rint
@@ -144,6 +149,42 @@ def erase_params(
     out = np.stack([top, left, ch, cw], axis=1)
     out[~take] = 0
     return out
+
+
+#: Mixed into the seed of the number of rectangles, of each further rectangle, and of the noise filling them.
+COUNT_SALT = 0x510E527FADE682D1
+BOX_SALT = 0x9B05688C2B3E6C1F
+NOISE_SALT = 0x1F83D9ABFB41BD6B
+
+
+def erase_boxes(
+    crop: int, *, seed: int, epoch: int, positions: np.ndarray, p: float, scale: tuple[float, float],
+    ratio: tuple[float, float], count: tuple[int, int] = (1, 1),
+) -> np.ndarray:  # fmt: skip
+    """timm ``RandomErasing``'s rectangles (torchvision's with ``count=(1, 1)``): ``[n, max count, 4]``.
+
+    Per sample: erased with probability ``p``; then ``count`` uniform in ``[min, max]``
+    rectangles, each drawn as :func:`erase_params` draws one (ten attempts) with ``1 / count``
+    of the area; rows past an image's count, or whose attempts all failed, are zero.
+    ``count=(1, 1)`` gives exactly :func:`erase_params`'s rectangle in row 0.
+    """
+    lo, hi = count
+    n = len(positions)
+    gate = uniforms(seed ^ ERASE_SALT, epoch, positions, 1)[:, 0] < p
+    counts = lo + np.minimum(np.floor(uniforms(seed ^ COUNT_SALT, epoch, positions, 1)[:, 0] * (hi - lo + 1)), hi - lo)
+    out = np.zeros((n, hi, 4), dtype=np.int64)
+    for b in range(hi):
+        s = seed if b == 0 else seed ^ ((BOX_SALT * b) & 0xFFFFFFFFFFFFFFFF)
+        r = erase_params(crop, seed=s, epoch=epoch, positions=positions, p=1.0, scale=scale, ratio=ratio,
+                         divide=None if hi == 1 else counts)  # fmt: skip
+        r[~gate | (b >= counts)] = 0
+        out[:, b] = r
+    return out
+
+
+def noise_seeds(*, seed: int, epoch: int, positions: np.ndarray) -> np.ndarray:
+    """A 53-bit seed per sample for the normal noise of its erased rectangles, a pure function of (seed, epoch, position)."""
+    return (uniforms(seed ^ NOISE_SALT, epoch, positions, 1)[:, 0] * float(1 << 53)).astype(np.uint64)
 
 
 #: Mixed into the seed of the colour draws (order, factors, grayscale), independent of the others.

@@ -1,4 +1,4 @@
-"""Augmentations of a finished batch, on its device: colour jitter and grayscale, and ``RandomErasing`` rectangles.
+"""Augmentations of a finished batch, on its device: auto-augment operations, colour jitter and grayscale, and ``RandomErasing`` rectangles.
 
 What each image gets is decided by :mod:`fastload.augment` (pure functions of seed, epoch
 and position, like the crops); here it is only carried out, on the stream the batch is
@@ -95,6 +95,8 @@ def _trivial_op(img: Any, name: str, m: float, interpolation: Any, fill: Any) ->
         return F.autocontrast(img)
     if name == "Equalize":
         return F.equalize(img)
+    if name == "Invert":
+        return F.invert(img)
     return img  # Identity
 
 
@@ -166,8 +168,96 @@ def _pil_op(u8: torch.Tensor, name: str, m: float, mode: Any, fill: Any) -> torc
     return torch.from_numpy(np.array(out, dtype=np.uint8)).permute(2, 0, 1)
 
 
+#: PIL's resampling codes of the policies' interpolation names (timm passes PIL's codes).
+_PIL_FILTERS = {"nearest": 0, "bilinear": 2, "bicubic": 3}
+
+
+def _policy_op(pil: Any, library: str, step: tuple, fill: Any) -> Any:
+    """One planned operation ``(name, args, interpolation)`` on a PIL image, by the library's own function."""
+    name, args, interp = step
+    if library == "timm":
+        from timm.data.auto_augment import NAME_TO_OP
+
+        return NAME_TO_OP[name](pil, *args, fillcolor=fill, resample=_PIL_FILTERS[interp])
+    from torchvision.transforms import InterpolationMode
+
+    return _trivial_op(pil, name, float(args[0]), InterpolationMode(interp), fill)
+
+
+def policy(
+    images: torch.Tensor, plans: list, *, library: str, mean: Sequence[float] | None, std: Sequence[float] | None,
+    fill: Sequence[float] | None,
+) -> torch.Tensor:  # fmt: skip
+    """Each image's planned operations (:func:`fastload.policies.plan`) on its uint8 pixels, in place.
+
+    Every operation runs on the PIL image, by torchvision's ``_apply_op`` functions or timm's
+    ``NAME_TO_OP``, as a DataLoader worker runs RandAugment/AutoAugment before ``ToTensor``;
+    a CUDA batch's images that get an operation go to the host and back for it.
+    """
+    from PIL import Image
+
+    work = [k for k, steps in enumerate(plans) if any(s[0] != "Identity" for s in steps)]
+    if not work:
+        return images
+    if library == "timm":
+        pil_fill = (0, 0, 0) if fill is None else tuple(int(round(v)) for v in (fill if len(fill) == 3 else list(fill) * 3))
+    else:
+        pil_fill = None if fill is None else [int(round(v)) for v in (fill if len(fill) == 3 else list(fill) * 3)]
+    if mean is not None:
+        m = np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
+        s = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
+    host = images.device.type == "cpu" and images.dtype in (torch.float32, torch.float16, torch.uint8)
+    arr = images.numpy() if host else None
+    for k in work:
+        x = arr[k] if host else images[k].float().cpu().numpy()
+        u8 = x if mean is None else np.clip(np.rint((x * s + m) * 255.0), 0, 255).astype(np.uint8)
+        pil = Image.fromarray(np.ascontiguousarray(u8.astype(np.uint8).transpose(1, 2, 0)))
+        for step in plans[k]:
+            pil = _policy_op(pil, library, step, pil_fill)
+        out = np.asarray(pil).transpose(2, 0, 1)
+        out = out if mean is None else (out.astype(np.float32) * (1.0 / 255.0) - m) / s
+        if host:
+            x[...] = out
+        else:
+            images[k] = torch.from_numpy(np.ascontiguousarray(out)).to(images.device, images.dtype)
+    return images
+
+
+def erase_noisy(images: torch.Tensor, rects: np.ndarray, seeds: np.ndarray, *, noise: str) -> torch.Tensor:
+    """Fill ``rects`` (``[n, k, 4]``) of NCHW ``images`` with standard normal noise, in place.
+
+    ``noise="pixel"``: a draw per pixel and channel (torchvision's ``value="random"``, timm's
+    ``"pixel"``); ``"channel"``: one per channel and rectangle (timm's ``"rand"``). Each image's
+    noise comes from its own generator seeded with ``seeds[k]`` (NumPy's on the CPU, torch's on
+    the batch's device): the same seed gives the same noise on the same kind of device.
+    """
+    hit = np.flatnonzero((rects[:, :, 2] > 0).any(axis=1))
+    host = images.device.type == "cpu" and images.dtype in (torch.float32, torch.float16)
+    arr = images.numpy() if host else None
+    c = images.shape[1]
+    for k in hit.tolist():
+        gen = np.random.default_rng(int(seeds[k])) if host else torch.Generator(images.device).manual_seed(int(seeds[k]))
+        for t, left, h, w in (tuple(int(v) for v in r) for r in rects[k]):
+            if h == 0:
+                continue
+            shape = (c, h, w) if noise == "pixel" else (c, 1, 1)
+            if host:
+                arr[k, :, t : t + h, left : left + w] = gen.standard_normal(shape, dtype=np.float32)
+            else:
+                z = torch.randn(shape, generator=gen, device=images.device, dtype=torch.float32)
+                images[k, :, t : t + h, left : left + w] = z.to(images.dtype)
+    return images
+
+
 def erase(images: torch.Tensor, rects: np.ndarray, value: Sequence[float]) -> torch.Tensor:
-    """Fill ``rects`` (``[n, 4]`` top, left, h, w; ``h == 0``: none) of NCHW ``images`` with ``value``, in place."""
+    """Fill ``rects`` (``[n, 4]`` top, left, h, w; ``h == 0``: none) of NCHW ``images`` with ``value``, in place.
+
+    ``[n, k, 4]`` rectangles (timm's ``count``) fill each image's ``k`` rectangles in turn.
+    """
+    if rects.ndim == 3:
+        for b in range(rects.shape[1]):
+            erase(images, rects[:, b], value)
+        return images
     if not (rects[:, 2] > 0).any():
         return images
     if images.device.type == "cpu" and images.dtype in (torch.float32, torch.float16, torch.uint8):

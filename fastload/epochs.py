@@ -24,8 +24,9 @@ import torch
 
 from .core import CLOSED, SUPERSEDED, Core
 from .errors import FastloadError, LoaderError
-from .augment import color_params, erase_params, trivial_params
-from .batchaug import color, erase, trivial
+from .augment import color_params, erase_boxes, noise_seeds, trivial_params
+from .batchaug import color, erase, erase_noisy, policy, trivial
+from .policies import plan
 from .host import finish_crops
 from .pipeline import cpu_samples
 from .sampler import Batch
@@ -160,6 +161,9 @@ class EpochRun:
         if a.trivial is not None:
             ops, mags = trivial_params(seed=self.core.seed, epoch=self.epoch, positions=batch.positions, num_bins=a.trivial.num_bins)
             images = trivial(images, ops, mags, mean=a.mean, std=a.std, interpolation=a.trivial.interpolation, fill=a.trivial.fill)
+        if a.policy is not None:
+            plans = plan(a.policy, seed=self.core.seed, epoch=self.epoch, positions=batch.positions)
+            images = policy(images, plans, library=a.policy.library, mean=a.mean, std=a.std, fill=a.policy.fill)
         if a.jitter is not None or a.grayscale > 0:
             order, factors, gray = color_params(
                 seed=self.core.seed, epoch=self.epoch, positions=batch.positions,
@@ -169,10 +173,13 @@ class EpochRun:
         er = a.erasing
         if er is None:
             return images
-        rects = erase_params(
+        rects = erase_boxes(
             self.core.crop, seed=self.core.seed, epoch=self.epoch, positions=batch.positions, p=er.p,
-            scale=er.scale, ratio=er.ratio,
+            scale=er.scale, ratio=er.ratio, count=er.count,
         )  # fmt: skip
+        if er.noise is not None:
+            seeds = noise_seeds(seed=self.core.seed, epoch=self.epoch, positions=batch.positions)
+            return erase_noisy(images, rects, seeds, noise=er.noise)
         return erase(images, rects, er.value)
 
     def _convert(self, tl, batch: Batch):

@@ -34,8 +34,14 @@ INTERPOLATIONS = ("bilinear", "bicubic", "lanczos")
 #: The settings' names, in the order they are checked.
 FIELDS = (
     "train", "crop", "scale", "ratio", "flip", "resize", "mean", "std", "dtype", "channels_last", "interpolation",
-    "erasing", "jitter", "grayscale", "trivial",
+    "erasing", "jitter", "grayscale", "trivial", "policy",
 )  # fmt: skip
+
+#: The libraries whose operation sequences a :class:`Policy` runs, and how it picks them per image.
+POLICY_LIBRARIES = ("torchvision", "timm")
+POLICY_KINDS = ("rand", "auto")
+#: The resampling filters of a policy's geometric operations (torchvision: nearest, bilinear; timm: PIL's).
+POLICY_INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -62,6 +68,104 @@ class Trivial:
                 object.__setattr__(self, "fill", tuple(float(x) for x in f))
             except (TypeError, ValueError):
                 raise ConfigError(f"trivial fill must be numbers, got {self.fill!r}") from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Op:
+    """One operation of a :class:`Policy`, as the torchvision or timm object carries it.
+
+    Args:
+        name: the operation (torchvision's ``_apply_op`` names, or timm's ``NAME_TO_OP`` keys).
+        prob: probability that it is applied when chosen (torchvision's RandAugment: 1).
+        magnitude: torchvision: the magnitude itself (its bin already looked up; 0 for none);
+            timm: the level on its 0..10 scale, turned into the operation's argument by timm's law.
+        signed: torchvision: negated with probability 1/2 (timm's laws decide their own signs).
+        std: timm's ``magnitude_std`` (0: fixed; ``inf``: uniform in ``[0, magnitude]``).
+        level_max: timm's upper bound of the level (``magnitude_max``, else 10).
+        translate_const, translate_pct: timm's ``hparams`` for its translations.
+    """
+
+    name: str
+    prob: float = 1.0
+    magnitude: float = 0.0
+    signed: bool = False
+    std: float = 0.0
+    level_max: float = 10.0
+    translate_const: float = 250.0
+    translate_pct: float = 0.45
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"policy operation name must be a non-empty string, got {self.name!r}")
+        object.__setattr__(self, "prob", check_probability(f"policy operation {self.name} prob", self.prob))
+        for k in ("magnitude", "std", "level_max", "translate_const", "translate_pct"):
+            try:
+                v = float(getattr(self, k))
+            except (TypeError, ValueError):
+                raise ConfigError(f"policy operation {self.name} {k} must be a number, got {getattr(self, k)!r}") from None
+            if math.isnan(v) or (k != "std" and not math.isfinite(v)) or (k == "std" and v < 0):
+                raise ConfigError(f"policy operation {self.name} {k} must be finite (std: >= 0), got {getattr(self, k)!r}")
+            object.__setattr__(self, k, v)
+        object.__setattr__(self, "signed", bool(self.signed))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Policy:
+    """torchvision's ``RandAugment``/``AutoAugment`` or timm's: a sequence of operations per training crop.
+
+    Run on the crop's uint8 pixels (as on the PIL image a DataLoader worker holds), in the
+    place of :class:`Trivial`, before the colour steps.
+
+    Args:
+        library: ``"torchvision"`` (its ``_apply_op`` operations) or ``"timm"`` (its PIL operations).
+        kind: ``"rand"``: ``num_ops`` operations drawn uniformly from ``ops``, with replacement;
+            ``"auto"``: one of ``sub_policies`` drawn uniformly, each of its operations applied
+            with its own probability.
+        ops, num_ops: for ``"rand"``.
+        sub_policies: for ``"auto"``.
+        interpolation: the geometric operations' filter; several (timm's random choice): one
+            drawn uniformly per operation.
+        fill: the value of uncovered pixels, one or one per channel (0..255); None: 0.
+    """
+
+    library: str
+    kind: str
+    ops: tuple[Op, ...] = ()
+    num_ops: int = 2
+    sub_policies: tuple[tuple[Op, ...], ...] = ()
+    interpolation: tuple[str, ...] = ("nearest",)
+    fill: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.library not in POLICY_LIBRARIES or self.kind not in POLICY_KINDS:
+            raise ConfigError(
+                f"policy library must be one of {POLICY_LIBRARIES} and kind one of {POLICY_KINDS}, "
+                f"got library={self.library!r}, kind={self.kind!r}"
+            )
+        object.__setattr__(self, "num_ops", as_int("policy num_ops", self.num_ops, lo=0, hi=64))
+        ops = tuple(self.ops)
+        subs = tuple(tuple(s) for s in self.sub_policies)
+        if not all(isinstance(o, Op) for o in ops + tuple(o for s in subs for o in s)):
+            raise ConfigError("policy ops and sub_policies must hold fastload.settings.Op objects")
+        if (self.kind == "rand" and not ops) or (self.kind == "auto" and not subs):
+            raise ConfigError(f"a {self.kind!r} policy needs {'ops' if self.kind == 'rand' else 'sub_policies'}, got none")
+        object.__setattr__(self, "ops", ops)
+        object.__setattr__(self, "sub_policies", subs)
+        interp = (self.interpolation,) if isinstance(self.interpolation, str) else tuple(self.interpolation)
+        if not interp or any(m not in POLICY_INTERPOLATIONS for m in interp):
+            raise ConfigError(f"policy interpolation must be among {POLICY_INTERPOLATIONS}, got {self.interpolation!r}")
+        object.__setattr__(self, "interpolation", interp)
+        if self.fill is not None:
+            f = self.fill if isinstance(self.fill, (tuple, list)) else (self.fill,)
+            try:
+                object.__setattr__(self, "fill", tuple(float(x) for x in f))
+            except (TypeError, ValueError):
+                raise ConfigError(f"policy fill must be numbers, got {self.fill!r}") from None
+
+    @property
+    def layers(self) -> int:
+        """The most operations an image gets."""
+        return self.num_ops if self.kind == "rand" else max(len(s) for s in self.sub_policies)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -100,13 +204,20 @@ class Erasing:
         p: probability that an image gets a rectangle.
         scale, ratio: the rectangle's area fraction and aspect ratio ranges (torchvision's defaults).
         value: what the rectangle holds, in the batch's own (normalised) units: one number, or
-            one per channel.
+            one per channel (unused with ``noise``).
+        noise: None (``value``), ``"pixel"`` (a standard normal draw per pixel and channel:
+            torchvision's ``value="random"``, timm's ``mode="pixel"``) or ``"channel"`` (one per
+            channel and rectangle: timm's ``mode="rand"``).
+        count: ``(min, max)`` rectangles per erased image, drawn uniformly, each of
+            ``1 / count`` of the area (timm's ``min_count``/``max_count``); torchvision: ``(1, 1)``.
     """
 
     p: float = 0.5
     scale: tuple[float, float] = (0.02, 0.33)
     ratio: tuple[float, float] = (0.3, 3.3)
     value: tuple[float, ...] = (0.0,)
+    noise: str | None = None
+    count: tuple[int, int] = (1, 1)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "p", check_probability("erasing p", self.p))
@@ -120,6 +231,14 @@ class Erasing:
         if len(v) not in (1, 3) or not all(math.isfinite(x) for x in v):
             raise ConfigError(f"erasing value must be a finite number or 3 of them, got {self.value!r}")
         object.__setattr__(self, "value", v)
+        if self.noise not in (None, "pixel", "channel"):
+            raise ConfigError(f"erasing noise must be None, 'pixel' or 'channel', got {self.noise!r}")
+        try:
+            lo, hi = self.count
+        except (TypeError, ValueError):
+            raise ConfigError(f"erasing count must be a pair (min, max) of ints, got {self.count!r}") from None
+        lo = as_int("erasing count min", lo, lo=1, hi=64)
+        object.__setattr__(self, "count", (lo, as_int("erasing count max", hi, lo=lo, hi=64, hint=f" (>= min {lo})")))
 
 
 def check_pair(name: str, value: Any, *, lo: float, hi: float | None = None) -> tuple[float, float]:
@@ -177,6 +296,8 @@ class Augment:
         jitter: a :class:`Jitter` (torchvision's ``ColorJitter``) applied to training crops, or None.
         grayscale: probability of torchvision's ``RandomGrayscale`` after the jitter (training).
         trivial: a :class:`Trivial` (``TrivialAugmentWide``) applied to training crops first, or None.
+        policy: a :class:`Policy` (``RandAugment``/``AutoAugment``, torchvision's or timm's) applied to
+            training crops first, or None; not with ``trivial``.
 
     Raises:
         ConfigError: a value out of its range or of the wrong kind, naming the setting and the value.
@@ -197,6 +318,7 @@ class Augment:
     jitter: Jitter | None = None
     grayscale: float = 0.0
     trivial: Trivial | None = None
+    policy: Policy | None = None
 
     def __post_init__(self) -> None:
         put = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen: set once, here
@@ -236,6 +358,12 @@ class Augment:
             raise ConfigError("jitter and grayscale apply to training batches (train=True), as in a training transform")
         if self.trivial is not None and (not isinstance(self.trivial, Trivial) or not self.train):
             raise ConfigError(f"trivial must be a fastload.settings.Trivial for training batches, got {self.trivial!r}")
+        if self.policy is not None and (not isinstance(self.policy, Policy) or not self.train or self.trivial is not None):
+            raise ConfigError(
+                f"policy must be a fastload.settings.Policy for training batches, without trivial, got {self.policy!r}"
+            )
+        if self.erasing is not None and self.erasing.noise is not None and self.mean is None:
+            raise ConfigError("erasing noise needs float (normalised) batches: give mean and std")
         if self.erasing is not None and not self.train:
             raise ConfigError("erasing applies to training batches (train=True), as torchvision's RandomErasing in a training transform")
 

@@ -58,6 +58,7 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any
 
+from . import readaug
 from .errors import ConfigError, printable
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -93,7 +94,7 @@ def _name(t: Any) -> str:
         text = f"{cls.__qualname__}(...)"
     if cls.__repr__ is object.__repr__:  # "<presets.X object at 0x7f...>" says nothing more than the class
         text = f"{cls.__qualname__}()"
-    text = re.sub(r"\s+", " ", printable(text)).strip()
+    text = printable(re.sub(r"\s+", " ", text)).strip()
     if len(text) > 160:
         text = text[:157] + "..."
     return prefix + text
@@ -142,7 +143,8 @@ class _TV:
             "random_apply": "RandomApply", "random_choice": "RandomChoice", "random_order": "RandomOrder",
             "random_crop": "RandomCrop", "to_pil": "ToPILImage", "jitter": "ColorJitter",
             "erasing": "RandomErasing", "grayscale": "RandomGrayscale",
-            "trivial": "TrivialAugmentWide",
+            "trivial": "TrivialAugmentWide", "rand_augment": "RandAugment", "auto_augment": "AutoAugment",
+            "augmix": "AugMix",
         }  # fmt: skip
         self.cls: dict[str, tuple] = {}
         for key, name in pairs.items():
@@ -167,6 +169,16 @@ class _TV:
                 self.cls[key] = self.cls[key] + (cls,)
                 if name.startswith("Maybe"):
                     self.maybe = self.maybe + (cls,)
+        # timm's auto-augment and erasing objects (timm.data.auto_augment, random_erasing) and ToNumpy
+        # (a uint8 CHW array, which default_collate batches as PILToTensor's tensors)
+        for modname, key, name in (("timm.data.auto_augment", "timm_rand", "RandAugment"),
+                                   ("timm.data.auto_augment", "timm_auto", "AutoAugment"),
+                                   ("timm.data.auto_augment", "timm_augmix", "AugMixAugment"),
+                                   ("timm.data.random_erasing", "timm_erasing", "RandomErasing"),
+                                   ("timm.data.transforms", "pil_to_tensor", "ToNumpy")):  # fmt: skip
+            cls = getattr(sys.modules.get(modname), name, None)
+            if isinstance(cls, type):
+                self.cls[key] = self.cls.get(key, ()) + (cls,)
 
     def kind(self, t: Any) -> str | None:
         """Which known transform ``t`` is (its exact class), or None."""
@@ -346,6 +358,8 @@ class _State:
         self.jitter: tuple[Any, _Step] | None = None  # (fastload.settings.Jitter, its step)
         self.gray: tuple[float, _Step] | None = None  # (RandomGrayscale's p, its step)
         self.trivial: tuple[Any, _Step] | None = None  # (fastload.settings.Trivial, its step)
+        self.policy: tuple[Any, _Step] | None = None  # (fastload.settings.Policy, its step)
+        self.crop: int | None = None  # the training crop's side (set before each step)
         self.form: str | None = None  # the geometric form so far (set before each step)
 
 
@@ -521,13 +535,18 @@ def _erasing(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
 
     if not st.tensor:
         raise step.fail("RandomErasing needs a tensor (torchvision raises on a PIL image): put it after ToTensor()")
-    value = t.value
-    if value is None or isinstance(value, str):
-        raise step.fail(f"value={value!r} (random noise) is not translated yet: give a number, or one per channel")
+    value = getattr(t, "value", 0.0)  # (timm's RandomErasing has none: its mode says)
     if st.erasing is not None:
         raise step.fail(f"a second RandomErasing (the first is {st.erasing[1].where}); keep one")
+    if st.dtype == tv.torch.uint8 and (value is None or isinstance(value, str) or kind == "timm_erasing"):
+        raise step.fail("random-noise erasing on a uint8 image: put it after the float conversion and Normalize")
     try:
-        er = Erasing(p=t.p, scale=tuple(t.scale), ratio=tuple(t.ratio), value=value)
+        if kind == "timm_erasing":
+            er = readaug.timm_erasing(t)
+        elif value is None or isinstance(value, str):  # "random" (v2 keeps None): normal noise per pixel
+            er = Erasing(p=t.p, scale=tuple(t.scale), ratio=tuple(t.ratio), noise="pixel")
+        else:
+            er = Erasing(p=t.p, scale=tuple(t.scale), ratio=tuple(t.ratio), value=value)
     except ConfigError as e:
         raise step.fail(str(e)) from None
     st.erasing = (er, step)
@@ -567,7 +586,7 @@ def _trivial(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
     from .settings import Trivial
 
     _colour_place(step, st, "TrivialAugmentWide")
-    if st.jitter is not None or st.gray is not None or st.trivial is not None:
+    if st.jitter is not None or st.gray is not None or st.trivial is not None or st.policy is not None:
         raise step.fail("TrivialAugmentWide after another colour step (or a second one): FastLoader runs it first; keep it first and once")
     mode = t.interpolation
     name = mode.value if isinstance(mode, tv.mode) else str(mode).lower()
@@ -578,6 +597,22 @@ def _trivial(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
         st.trivial = (Trivial(num_bins=t.num_magnitude_bins, interpolation=name, fill=fill), step)
     except ConfigError as e:
         raise step.fail(str(e)) from None
+
+
+def _policy(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
+    """torchvision's or timm's ``RandAugment``/``AutoAugment`` on the training crop's uint8 pixels, before any colour step."""
+    what = type(t).__name__
+    _colour_place(step, st, what)
+    if st.jitter is not None or st.gray is not None or st.trivial is not None or st.policy is not None:
+        raise step.fail(f"{what} after another colour step (or a second auto-augment): FastLoader runs it first; keep it first and once")
+    try:
+        if kind in ("timm_rand", "timm_auto"):
+            pol = readaug.timm_policy(t, auto=kind == "timm_auto")
+        else:
+            pol = readaug.torchvision_policy(t, auto=kind == "auto_augment", crop=st.crop)
+    except ConfigError as e:
+        raise step.fail(str(e)) from None
+    st.policy = (pol, step)
 
 
 def _grayscale(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
@@ -594,7 +629,8 @@ def _grayscale(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
 _PIXEL_STEPS = {
     "to_tensor": _to_tensor, "pil_to_tensor": _to_tensor, "to_image": _to_tensor,
     "convert": _convert, "to_dtype": _to_dtype, "normalize": _normalize, "jitter": _jitter, "erasing": _erasing,
-    "grayscale": _grayscale, "trivial": _trivial,
+    "grayscale": _grayscale, "trivial": _trivial, "rand_augment": _policy, "auto_augment": _policy,
+    "timm_rand": _policy, "timm_auto": _policy, "timm_erasing": _erasing,
 }  # fmt: skip
 
 
@@ -658,6 +694,7 @@ def _result(transform: Any, shape: _Shape, st: _State, tv: _TV) -> "Augment":
         jitter=None if st.jitter is None else st.jitter[0],
         grayscale=0.0 if st.gray is None else st.gray[0],
         trivial=None if st.trivial is None else st.trivial[0],
+        policy=None if st.policy is None else st.policy[0],
     )
 
 
@@ -699,7 +736,7 @@ def translate(transform: Any) -> "Augment":
         elif kind in geometry:
             geometry[kind](step, t, tv, st)
         elif kind in _PIXEL_STEPS:
-            st.form = shape.form
+            st.form, st.crop = shape.form, shape.crop
             _PIXEL_STEPS[kind](step, t, tv, st, kind)
         else:
             raise step.fail(_REFUSAL.get(kind, f"has no FastLoader equivalent: {_NO_EQUIVALENT}"))
@@ -721,6 +758,8 @@ _REFUSAL = {
         "Resize + CenterCrop for evaluation): use RandomResizedCrop(N), or crop the batch on the GPU after the loader"
     ),
     "to_pil": f"ToPILImage has no FastLoader equivalent: {_NO_EQUIVALENT}",
+    "augmix": f"AugMix (a mix of several augmented chains per image) is not translated: {_NO_EQUIVALENT}",
+    "timm_augmix": f"timm's AugMix (a mix of several augmented chains per image) is not translated: {_NO_EQUIVALENT}",
 }
 
 

@@ -370,12 +370,12 @@ def test_random_erasing_is_a_function_of_seed_epoch_and_position(pixel_dataset):
 @pytest.mark.parametrize(
     ("transform", "message"),
     [
-        (T.Compose([T.RandomResizedCrop(32), T.ToTensor(), T.RandomErasing(value="random")]), "random noise"),
+        (T.Compose([T.RandomResizedCrop(32), T.PILToTensor(), T.RandomErasing(value="random")]), "random-noise erasing on a uint8"),
         (T.Compose([T.RandomResizedCrop(32), T.ToTensor(), T.RandomErasing(), T.Normalize(MEAN, STD)]), "Normalize after RandomErasing"),
         (T.Compose([T.RandomResizedCrop(32), T.RandomErasing(), T.ToTensor()]), "needs a tensor"),
         (T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor(), T.RandomErasing()]), "erasing applies to training batches"),
     ],
-    ids=["random-value", "before-normalize", "on-pil", "eval"],
+    ids=["random-on-uint8", "before-normalize", "on-pil", "eval"],
 )
 def test_random_erasing_forms_fastload_cannot_run_are_refused(transform, message):
     from fastload.transforms import translate

@@ -1,0 +1,145 @@
+"""The draws of RandAugment and AutoAugment (torchvision's and timm's) per image, as pure functions of (seed, epoch, position).
+
+A :class:`~fastload.settings.Policy` says which operations an image may get; :func:`plan`
+decides, for each sample of a batch, the operations it gets, in order, with their
+arguments, from FastLoader's counter-based uniforms (:func:`fastload.augment.uniforms`),
+so the same seed gives the same images on any batch size, world size and after a resume.
+The laws are those of the objects translated:
+
+* torchvision ``RandAugment``: ``num_ops`` operations, each uniform over its augmentation
+  space (with replacement), at the magnitude of its bin, negated with probability 1/2
+  where the operation is signed;
+* torchvision ``AutoAugment``: one sub-policy uniform over the policy's, each of its two
+  operations applied with its probability, at its bin's magnitude, signed as above;
+* timm ``RandAugment``: ``num_layers`` operations uniform with replacement, each applied
+  with its probability (``random() > prob`` skips), its level ``gauss(magnitude, std)``
+  (``std = inf``: ``uniform(0, magnitude)``) clamped to ``[0, level_max]``, turned into the
+  operation's arguments by timm's law (:func:`timm_args`, whose ``_randomly_negate`` is a
+  uniform draw here too), with one of its interpolations drawn per operation;
+* timm ``AutoAugment``: one sub-policy uniform, each operation as above.
+
+Nothing here imports torch, torchvision or timm.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .augment import uniforms
+from .settings import Op, Policy
+
+#: Mixed into the seed of the policy draws, independent of the crop, colour and erasing draws.
+POLICY_SALT = 0x5BE0CD19137E2179
+
+#: Uniforms per operation slot: choice, gate, two for the normal level, sign, interpolation.
+_PER_SLOT = 6
+
+#: timm's level scale: ``magnitude / 10`` is the fraction of each operation's range.
+LEVEL_DENOM = 10.0
+
+#: timm's operations without arguments, and those whose arguments this module computes.
+TIMM_NO_ARGS = ("AutoContrast", "Equalize", "Invert")
+TIMM_OPS = TIMM_NO_ARGS + (
+    "Rotate", "Posterize", "PosterizeIncreasing", "PosterizeOriginal", "Solarize", "SolarizeIncreasing",
+    "SolarizeAdd", "Color", "ColorIncreasing", "Contrast", "ContrastIncreasing", "Brightness",
+    "BrightnessIncreasing", "Sharpness", "SharpnessIncreasing", "ShearX", "ShearY", "TranslateX", "TranslateY",
+    "TranslateXRel", "TranslateYRel", "Desaturate", "GaussianBlur",
+)  # fmt: skip
+
+#: torchvision's ``_apply_op`` operations.
+TORCHVISION_OPS = (
+    "Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast",
+    "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert",
+)  # fmt: skip
+
+
+def timm_args(name: str, level: float, negate: bool, op: Op) -> tuple:
+    """timm's ``LEVEL_TO_ARG[name](level, hparams)``, with its random sign given as ``negate``.
+
+    Written from timm's ``auto_augment`` laws: rotations up to 30 degrees, shears up to 0.3,
+    translations up to ``translate_const`` pixels or ``translate_pct`` of the side (all
+    negated at random), enhancements ``0.1 + 1.8 * level / 10`` (``...Increasing``:
+    ``max(0.1, 1 +/- 0.9 * level / 10)``), posterize/solarize levels truncated to ints.
+    """
+    f = level / LEVEL_DENOM
+    sign = -1.0 if negate else 1.0
+    if name in TIMM_NO_ARGS:
+        return ()
+    if name == "Rotate":
+        return (sign * f * 30.0,)
+    if name in ("ShearX", "ShearY"):
+        return (sign * f * 0.3,)
+    if name in ("TranslateX", "TranslateY"):
+        return (sign * f * op.translate_const,)
+    if name in ("TranslateXRel", "TranslateYRel"):
+        return (sign * f * op.translate_pct,)
+    if name == "Posterize":
+        return (int(f * 4),)
+    if name == "PosterizeIncreasing":
+        return (4 - int(f * 4),)
+    if name == "PosterizeOriginal":
+        return (int(f * 4) + 4,)
+    if name == "Solarize":
+        return (min(256, int(f * 256)),)
+    if name == "SolarizeIncreasing":
+        return (256 - min(256, int(f * 256)),)
+    if name == "SolarizeAdd":
+        return (min(128, int(f * 110)),)
+    if name.endswith("Increasing"):
+        return (max(0.1, 1.0 + sign * f * 0.9),)
+    if name in ("Color", "Contrast", "Brightness", "Sharpness"):
+        return (f * 1.8 + 0.1,)
+    if name == "Desaturate":
+        return (min(1.0, max(0.5, 0.5 + 0.5 * f)),)
+    if name == "GaussianBlur":
+        return (min(2.0, max(0.1, 0.1 + 1.9 * f)),)
+    raise KeyError(name)
+
+
+def _level(op: Op, u1: float, u2: float) -> float:
+    """timm's magnitude of ``op`` from two uniforms: fixed, normal (Box-Muller) or uniform, clamped."""
+    m = op.magnitude
+    if op.std == math.inf:
+        m = u1 * m
+    elif op.std > 0:
+        m = m + op.std * math.sqrt(-2.0 * math.log(1.0 - u1)) * math.cos(2.0 * math.pi * u2)
+    return max(0.0, min(m, op.level_max))
+
+
+def _step(policy: Policy, op: Op, u: np.ndarray) -> tuple[str, tuple, str] | None:
+    """One chosen operation's ``(name, args, interpolation)`` from its slot's uniforms, or None if skipped."""
+    if op.prob < 1.0 and not u[1] <= op.prob:
+        return None
+    interp = policy.interpolation[min(int(u[5] * len(policy.interpolation)), len(policy.interpolation) - 1)]
+    if policy.library == "timm":
+        return op.name, timm_args(op.name, _level(op, u[2], u[3]), bool(u[4] > 0.5), op), interp
+    m = op.magnitude * (-1.0 if op.signed and u[4] < 0.5 else 1.0)
+    return op.name, (m,), interp
+
+
+def plan(policy: Policy, *, seed: int, epoch: int, positions: np.ndarray) -> list[list[tuple[str, tuple, str]]]:
+    """Per sample of ``positions``: the operations it gets, in order, as ``(name, args, interpolation)``.
+
+    ``args`` are what the operation is called with: torchvision's one magnitude, or timm's
+    level arguments (empty for AutoContrast, Equalize, Invert). Skipped operations (their
+    probability not drawn) are left out; ``Identity`` is kept (it does nothing).
+    """
+    slots = policy.layers
+    u = uniforms(seed ^ POLICY_SALT, epoch, positions, 1 + _PER_SLOT * slots)
+    out: list[list[tuple[str, tuple, str]]] = []
+    for row in u:
+        if policy.kind == "rand":
+            ops = policy.ops
+            chosen = [ops[min(int(row[1 + _PER_SLOT * k] * len(ops)), len(ops) - 1)] for k in range(slots)]
+        else:
+            subs = policy.sub_policies
+            chosen = list(subs[min(int(row[0] * len(subs)), len(subs) - 1)])
+        steps = []
+        for k, op in enumerate(chosen):
+            s = _step(policy, op, row[1 + _PER_SLOT * k : 1 + _PER_SLOT * (k + 1)])
+            if s is not None:
+                steps.append(s)
+        out.append(steps)
+    return out
