@@ -192,7 +192,7 @@ COLOR_SALT = 0xBB67AE8584CAA73B
 
 
 def color_params(
-    *, seed: int, epoch: int, positions: np.ndarray, parts: tuple, grayscale: float
+    *, seed: int, epoch: int, positions: np.ndarray, parts: tuple, grayscale: float, p: float = 1.0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """torchvision ``ColorJitter`` + ``RandomGrayscale`` draws per image, a pure function of (seed, epoch, position).
 
@@ -201,15 +201,18 @@ def color_params(
     Returns:
         ``order`` ``[n, 4]`` (a uniformly random permutation of the four parts, torchvision's
         ``randperm(4)``), ``factors`` ``[n, 4]`` float64 (each uniform in its range; NaN where the
-        part is off), ``gray`` ``[n]`` bool (``u < grayscale``).
+        part is off, and on every part of an image not jittered: ``u >= p``, ``RandomApply``'s gate),
+        ``gray`` ``[n]`` bool (``u < grayscale``).
     """
-    u = uniforms(seed ^ COLOR_SALT, epoch, positions, 9)
+    u = uniforms(seed ^ COLOR_SALT, epoch, positions, 10)
     order = np.argsort(u[:, :4], axis=1, kind="stable")
     factors = np.full((len(positions), 4), np.nan)
     for k, part in enumerate(parts):
         if part is not None:
             lo, hi = part
             factors[:, k] = lo + u[:, 4 + k] * (hi - lo)
+    if p < 1.0:  # torchvision's RandomApply: ``if p < rand(): return img``
+        factors[~(u[:, 9] <= p)] = np.nan
     return order, factors, u[:, 8] < grayscale
 
 

@@ -179,8 +179,13 @@ def _policy_op(pil: Any, library: str, step: tuple, fill: Any) -> Any:
         from timm.data.auto_augment import NAME_TO_OP
 
         return NAME_TO_OP[name](pil, *args, fillcolor=fill, resample=_PIL_FILTERS[interp])
+    import torchvision.transforms.functional as F
     from torchvision.transforms import InterpolationMode
 
+    if name == "Grayscale":
+        return F.rgb_to_grayscale(pil, num_output_channels=3)
+    if name == "GaussianBlur":
+        return F.gaussian_blur(pil, [int(args[0]), int(args[1])], [float(args[2]), float(args[2])])
     return _trivial_op(pil, name, float(args[0]), InterpolationMode(interp), fill)
 
 

@@ -168,6 +168,7 @@ class EpochRun:
             order, factors, gray = color_params(
                 seed=self.core.seed, epoch=self.epoch, positions=batch.positions,
                 parts=a.jitter.parts if a.jitter is not None else (None,) * 4, grayscale=a.grayscale,
+                p=a.jitter.p if a.jitter is not None else 1.0,
             )  # fmt: skip
             images = color(images, order, factors, gray, mean=a.mean, std=a.std)
         er = a.erasing

@@ -16,7 +16,11 @@ The laws are those of the objects translated:
   (``std = inf``: ``uniform(0, magnitude)``) clamped to ``[0, level_max]``, turned into the
   operation's arguments by timm's law (:func:`timm_args`, whose ``_randomly_negate`` is a
   uniform draw here too), with one of its interpolations drawn per operation;
-* timm ``AutoAugment``: one sub-policy uniform, each operation as above.
+* timm ``AutoAugment``: one sub-policy uniform, each operation as above;
+* a torchvision chain (``RandomApply``, ``RandomChoice``, ``RandomSolarize``, ``GaussianBlur``...):
+  each stage runs with its probability (``p < rand()`` skips), picks one of its groups
+  (``RandomChoice``'s weights, else uniform), and applies the group's operations, each
+  with its own probability; GaussianBlur's sigma is uniform in its range per image.
 
 Nothing here imports torch, torchvision or timm.
 """
@@ -51,7 +55,7 @@ TIMM_OPS = TIMM_NO_ARGS + (
 #: torchvision's ``_apply_op`` operations.
 TORCHVISION_OPS = (
     "Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast",
-    "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert",
+    "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert", "Grayscale", "GaussianBlur",
 )  # fmt: skip
 
 
@@ -115,8 +119,35 @@ def _step(policy: Policy, op: Op, u: np.ndarray) -> tuple[str, tuple, str] | Non
     interp = policy.interpolation[min(int(u[5] * len(policy.interpolation)), len(policy.interpolation) - 1)]
     if policy.library == "timm":
         return op.name, timm_args(op.name, _level(op, u[2], u[3]), bool(u[4] > 0.5), op), interp
-    m = op.magnitude * (-1.0 if op.signed and u[4] < 0.5 else 1.0)
+    m = op.magnitude if op.spread is None else op.spread[0] + u[2] * (op.spread[1] - op.spread[0])
+    m = m * (-1.0 if op.signed and u[4] < 0.5 else 1.0)
+    if op.kernel is not None:
+        return op.name, (op.kernel[0], op.kernel[1], m), interp
     return op.name, (m,), interp
+
+
+def _pick(u: float, weights: tuple[float, ...] | None, n: int) -> int:
+    """An index in ``range(n)`` from one uniform: uniform, or by relative ``weights`` (``random.choices``)."""
+    if weights is None:
+        return min(int(u * n), n - 1)
+    cum = np.cumsum(weights)
+    return min(int(np.searchsorted(cum, u * cum[-1], side="right")), n - 1)
+
+
+def _chain(policy: Policy, row: np.ndarray) -> list[tuple[str, tuple, str]]:
+    """One image's steps of a ``"chain"`` policy from its uniforms (per stage: gate, pick, then slots)."""
+    steps, i = [], 1
+    for stage in policy.stages:
+        width = max(len(g) for g in stage.groups)
+        gate, pick, slots = row[i], row[i + 1], row[i + 2 : i + 2 + _PER_SLOT * width]
+        i += 2 + _PER_SLOT * width
+        if stage.p < 1.0 and not gate <= stage.p:
+            continue
+        for k, op in enumerate(stage.groups[_pick(pick, stage.weights, len(stage.groups))]):
+            s = _step(policy, op, slots[_PER_SLOT * k : _PER_SLOT * (k + 1)])
+            if s is not None:
+                steps.append(s)
+    return steps
 
 
 def plan(policy: Policy, *, seed: int, epoch: int, positions: np.ndarray) -> list[list[tuple[str, tuple, str]]]:
@@ -127,9 +158,13 @@ def plan(policy: Policy, *, seed: int, epoch: int, positions: np.ndarray) -> lis
     probability not drawn) are left out; ``Identity`` is kept (it does nothing).
     """
     slots = policy.layers
-    u = uniforms(seed ^ POLICY_SALT, epoch, positions, 1 + _PER_SLOT * slots)
+    draws = 1 + _PER_SLOT * slots + (2 * len(policy.stages) if policy.kind == "chain" else 0)
+    u = uniforms(seed ^ POLICY_SALT, epoch, positions, draws)
     out: list[list[tuple[str, tuple, str]]] = []
     for row in u:
+        if policy.kind == "chain":
+            out.append(_chain(policy, row))
+            continue
         if policy.kind == "rand":
             ops = policy.ops
             chosen = [ops[min(int(row[1 + _PER_SLOT * k] * len(ops)), len(ops) - 1)] for k in range(slots)]

@@ -152,3 +152,37 @@ def timm_erasing(t: Any) -> Erasing:
         p=t.probability, scale=(t.min_area, t.max_area), ratio=(math.exp(lo), math.exp(hi)), value=0.0,
         noise=noise, count=(t.min_count, t.max_count),
     )  # fmt: skip
+
+
+#: torchvision's single-operation steps a chain runs, by the kind :mod:`fastload.transforms` gives them.
+CHAIN_KINDS = ("solarize", "posterize", "sharpness", "autocontrast", "equalize", "invert", "blur", "gray_fixed", "grayscale")
+
+
+def chain_op(t: Any, kind: str, *, float_pixels: bool) -> Op:
+    """One of torchvision's ``RandomSolarize``, ``RandomPosterize``, ``RandomAdjustSharpness``,
+    ``RandomAutocontrast``, ``RandomEqualize``, ``RandomInvert``, ``GaussianBlur``, ``Grayscale(3)``,
+    ``RandomGrayscale`` as an Op of a chain (run on the uint8 pixels; ``float_pixels``: the step sees
+    0..1 floats, so a solarize threshold is scaled to 255ths).
+
+    Raises:
+        ConfigError: a form FastLoader cannot run (one output channel, posterize on floats, ...).
+    """
+    p = float(getattr(t, "p", 1.0))
+    if kind == "solarize":
+        return Op(name="Solarize", prob=p, magnitude=float(t.threshold) * (255.0 if float_pixels else 1.0))
+    if kind == "posterize":
+        if float_pixels:
+            raise ConfigError("RandomPosterize needs uint8 pixels (torchvision raises on floats): put it before ToTensor()")
+        return Op(name="Posterize", prob=p, magnitude=float(t.bits))
+    if kind == "sharpness":
+        return Op(name="Sharpness", prob=p, magnitude=float(t.sharpness_factor) - 1.0)
+    if kind in ("autocontrast", "equalize", "invert"):
+        return Op(name={"autocontrast": "AutoContrast", "equalize": "Equalize", "invert": "Invert"}[kind], prob=p)
+    if kind == "blur":
+        sigma = tuple(float(v) for v in t.sigma)
+        return Op(name="GaussianBlur", kernel=tuple(t.kernel_size), spread=(sigma[0], sigma[-1]))
+    if kind in ("gray_fixed", "grayscale"):
+        if getattr(t, "num_output_channels", 3) != 3:
+            raise ConfigError("Grayscale with one output channel: FastLoader batches are RGB; use num_output_channels=3")
+        return Op(name="Grayscale", prob=p if kind == "grayscale" else 1.0)
+    raise ConfigError(f"{type(t).__name__} is not one of the operations a RandomApply/RandomChoice may hold here")

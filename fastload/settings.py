@@ -39,7 +39,7 @@ FIELDS = (
 
 #: The libraries whose operation sequences a :class:`Policy` runs, and how it picks them per image.
 POLICY_LIBRARIES = ("torchvision", "timm")
-POLICY_KINDS = ("rand", "auto")
+POLICY_KINDS = ("rand", "auto", "chain")
 #: The resampling filters of a policy's geometric operations (torchvision: nearest, bilinear; timm: PIL's).
 POLICY_INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
 
@@ -83,6 +83,8 @@ class Op:
         std: timm's ``magnitude_std`` (0: fixed; ``inf``: uniform in ``[0, magnitude]``).
         level_max: timm's upper bound of the level (``magnitude_max``, else 10).
         translate_const, translate_pct: timm's ``hparams`` for its translations.
+        spread: ``(low, high)``: the magnitude is drawn uniformly in it each time (GaussianBlur's sigma).
+        kernel: GaussianBlur's ``(kx, ky)`` kernel size.
     """
 
     name: str
@@ -93,6 +95,8 @@ class Op:
     level_max: float = 10.0
     translate_const: float = 250.0
     translate_pct: float = 0.45
+    spread: tuple[float, float] | None = None
+    kernel: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -107,6 +111,48 @@ class Op:
                 raise ConfigError(f"policy operation {self.name} {k} must be finite (std: >= 0), got {getattr(self, k)!r}")
             object.__setattr__(self, k, v)
         object.__setattr__(self, "signed", bool(self.signed))
+        if self.spread is not None:
+            object.__setattr__(self, "spread", check_pair(f"policy operation {self.name} spread", self.spread, lo=0.0))
+        if self.kernel is not None:
+            try:
+                kx, ky = self.kernel
+            except (TypeError, ValueError):
+                raise ConfigError(f"policy operation {self.name} kernel must be (kx, ky), got {self.kernel!r}") from None
+            k = tuple(as_int(f"policy operation {self.name} kernel", v, lo=1, hi=1023) for v in (kx, ky))
+            if any(v % 2 == 0 for v in k):
+                raise ConfigError(f"policy operation {self.name} kernel must be odd sizes, got {self.kernel!r}")
+            object.__setattr__(self, "kernel", k)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Stage:
+    """One stage of a ``"chain"`` :class:`Policy`: torchvision's ``RandomApply``/``RandomChoice`` or one ``Random...`` step.
+
+    Args:
+        p: probability that the stage runs (``RandomApply``'s ``p``; 1 otherwise).
+        groups: the alternatives, each a sequence of operations applied in order; one
+            group: it is the stage's sequence.
+        weights: ``RandomChoice``'s ``p`` (relative weights of the groups), or None: uniform.
+    """
+
+    p: float = 1.0
+    groups: tuple[tuple[Op, ...], ...] = ()
+    weights: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "p", check_probability("stage p", self.p))
+        groups = tuple(tuple(g) for g in self.groups)
+        if not groups or not all(isinstance(o, Op) for g in groups for o in g):
+            raise ConfigError(f"a stage needs groups of fastload.settings.Op, got {self.groups!r}")
+        object.__setattr__(self, "groups", groups)
+        if self.weights is not None:
+            try:
+                w = tuple(float(v) for v in self.weights)
+            except (TypeError, ValueError):
+                raise ConfigError(f"stage weights must be numbers, got {self.weights!r}") from None
+            if len(w) != len(groups) or any(not math.isfinite(v) or v < 0 for v in w) or sum(w) <= 0:
+                raise ConfigError(f"stage weights must be {len(groups)} non-negative numbers, not all 0, got {self.weights!r}")
+            object.__setattr__(self, "weights", w)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -120,9 +166,10 @@ class Policy:
         library: ``"torchvision"`` (its ``_apply_op`` operations) or ``"timm"`` (its PIL operations).
         kind: ``"rand"``: ``num_ops`` operations drawn uniformly from ``ops``, with replacement;
             ``"auto"``: one of ``sub_policies`` drawn uniformly, each of its operations applied
-            with its own probability.
+            with its own probability; ``"chain"``: each of ``stages`` in turn.
         ops, num_ops: for ``"rand"``.
         sub_policies: for ``"auto"``.
+        stages: for ``"chain"`` (torchvision only).
         interpolation: the geometric operations' filter; several (timm's random choice): one
             drawn uniformly per operation.
         fill: the value of uncovered pixels, one or one per channel (0..255); None: 0.
@@ -133,6 +180,7 @@ class Policy:
     ops: tuple[Op, ...] = ()
     num_ops: int = 2
     sub_policies: tuple[tuple[Op, ...], ...] = ()
+    stages: tuple[Stage, ...] = ()
     interpolation: tuple[str, ...] = ("nearest",)
     fill: tuple[float, ...] | None = None
 
@@ -147,8 +195,12 @@ class Policy:
         subs = tuple(tuple(s) for s in self.sub_policies)
         if not all(isinstance(o, Op) for o in ops + tuple(o for s in subs for o in s)):
             raise ConfigError("policy ops and sub_policies must hold fastload.settings.Op objects")
-        if (self.kind == "rand" and not ops) or (self.kind == "auto" and not subs):
-            raise ConfigError(f"a {self.kind!r} policy needs {'ops' if self.kind == 'rand' else 'sub_policies'}, got none")
+        need = {"rand": ("ops", ops), "auto": ("sub_policies", subs), "chain": ("stages", tuple(self.stages))}[self.kind]
+        if not need[1]:
+            raise ConfigError(f"a {self.kind!r} policy needs {need[0]}, got none")
+        if not all(isinstance(st, Stage) for st in self.stages) or (self.stages and self.library != "torchvision"):
+            raise ConfigError("policy stages must be fastload.settings.Stage objects, of a torchvision policy")
+        object.__setattr__(self, "stages", tuple(self.stages))
         object.__setattr__(self, "ops", ops)
         object.__setattr__(self, "sub_policies", subs)
         interp = (self.interpolation,) if isinstance(self.interpolation, str) else tuple(self.interpolation)
@@ -165,6 +217,8 @@ class Policy:
     @property
     def layers(self) -> int:
         """The most operations an image gets."""
+        if self.kind == "chain":
+            return sum(max(len(g) for g in st.groups) for st in self.stages)
         return self.num_ops if self.kind == "rand" else max(len(s) for s in self.sub_policies)
 
 
@@ -175,14 +229,17 @@ class Jitter:
     Args:
         brightness, contrast, saturation: ``(min, max)`` factors, ``0 <= min <= max``.
         hue: ``(min, max)`` shifts within ``[-0.5, 0.5]``.
+        p: probability that an image is jittered at all (``RandomApply([ColorJitter(...)], p)``).
     """
 
     brightness: tuple[float, float] | None = None
     contrast: tuple[float, float] | None = None
     saturation: tuple[float, float] | None = None
     hue: tuple[float, float] | None = None
+    p: float = 1.0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "p", check_probability("jitter p", self.p))
         for name in ("brightness", "contrast", "saturation"):
             v = getattr(self, name)
             if v is not None:

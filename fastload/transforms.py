@@ -144,7 +144,9 @@ class _TV:
             "random_crop": "RandomCrop", "to_pil": "ToPILImage", "jitter": "ColorJitter",
             "erasing": "RandomErasing", "grayscale": "RandomGrayscale",
             "trivial": "TrivialAugmentWide", "rand_augment": "RandAugment", "auto_augment": "AutoAugment",
-            "augmix": "AugMix",
+            "augmix": "AugMix", "solarize": "RandomSolarize", "posterize": "RandomPosterize",
+            "sharpness": "RandomAdjustSharpness", "autocontrast": "RandomAutocontrast", "equalize": "RandomEqualize",
+            "invert": "RandomInvert", "blur": "GaussianBlur", "gray_fixed": "Grayscale",
         }  # fmt: skip
         self.cls: dict[str, tuple] = {}
         for key, name in pairs.items():
@@ -615,8 +617,52 @@ def _policy(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
     st.policy = (pol, step)
 
 
+def _chain(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
+    """``RandomApply``, ``RandomChoice`` and torchvision's single operations (``RandomSolarize``, ``GaussianBlur``...)
+    as stages of a chain policy, in the auto-augment place; ``RandomApply([ColorJitter])`` and
+    ``RandomApply([RandomGrayscale])`` become the jitter's and the grayscale's own probability."""
+    import dataclasses
+
+    from .settings import Policy, Stage
+
+    inner = list(t.transforms) if kind in ("random_apply", "random_choice") else [t]
+    kinds = [tv.kind(x) for x in inner]
+    if kind == "random_apply" and kinds in (["jitter"], ["grayscale"], ["gray_fixed"]):
+        before = (st.jitter, st.gray)
+        (_jitter if kinds == ["jitter"] else _grayscale)(step, inner[0], tv, st, kinds[0])
+        p = float(t.p)
+        if kinds == ["jitter"] and st.jitter is not before[0]:
+            st.jitter = (dataclasses.replace(st.jitter[0], p=p), step)
+        elif kinds != ["jitter"] and st.gray is not before[1]:
+            st.gray = (st.gray[0] * p, step)
+        return
+    what = type(t).__name__
+    _colour_place(step, st, what)
+    if st.jitter is not None or st.gray is not None or st.trivial is not None:
+        raise step.fail(f"{what} after a colour step: FastLoader runs it before ColorJitter and RandomGrayscale; move it before them")
+    bad = next((x for x, k in zip(inner, kinds) if k not in readaug.CHAIN_KINDS), None)
+    if bad is not None:
+        raise step.fail(f"it holds {_name(bad)}, which FastLoader cannot run inside it: {_NO_EQUIVALENT}")
+    float_pixels = st.tensor and st.dtype != tv.torch.uint8
+    try:
+        ops = [readaug.chain_op(x, k, float_pixels=float_pixels) for x, k in zip(inner, kinds)]
+        if kind == "random_choice":
+            weights = None if getattr(t, "p", None) is None else tuple(t.p)
+            stage = Stage(groups=tuple((o,) for o in ops), weights=weights)
+        else:
+            stage = Stage(p=float(getattr(t, "p", 1.0)) if kind == "random_apply" else 1.0, groups=(tuple(ops),))
+    except ConfigError as e:
+        raise step.fail(str(e)) from None
+    if st.policy is not None and st.policy[0].kind != "chain":
+        raise step.fail(f"{what} after {st.policy[1].where}: FastLoader runs one auto-augment; keep one")
+    stages = (st.policy[0].stages if st.policy is not None else ()) + (stage,)
+    st.policy = (Policy(library="torchvision", kind="chain", stages=stages), step)
+
+
 def _grayscale(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
-    p = float(getattr(t, "p", 0.1))
+    if getattr(t, "num_output_channels", 3) != 3:
+        raise step.fail("Grayscale with one output channel: FastLoader batches are RGB; use num_output_channels=3")
+    p = 1.0 if kind == "gray_fixed" else float(getattr(t, "p", 0.1))
     if p == 0:
         return
     _colour_place(step, st, "RandomGrayscale")
@@ -630,7 +676,8 @@ _PIXEL_STEPS = {
     "to_tensor": _to_tensor, "pil_to_tensor": _to_tensor, "to_image": _to_tensor,
     "convert": _convert, "to_dtype": _to_dtype, "normalize": _normalize, "jitter": _jitter, "erasing": _erasing,
     "grayscale": _grayscale, "trivial": _trivial, "rand_augment": _policy, "auto_augment": _policy,
-    "timm_rand": _policy, "timm_auto": _policy, "timm_erasing": _erasing,
+    "timm_rand": _policy, "timm_auto": _policy, "timm_erasing": _erasing, "random_apply": _chain,
+    "random_choice": _chain, **{k: _chain for k in readaug.CHAIN_KINDS if k != "grayscale"}, "gray_fixed": _grayscale,
 }  # fmt: skip
 
 
@@ -750,8 +797,6 @@ _FLIP_IN_EVAL = (
 
 _REFUSAL = {
     "lambda": f"Lambda runs your own code, which FastLoader cannot translate: {_NO_EQUIVALENT}",
-    "random_apply": f"RandomApply applies its transforms at random, which FastLoader cannot do: {_NO_EQUIVALENT}",
-    "random_choice": f"RandomChoice picks one of its transforms at random, which FastLoader cannot do: {_NO_EQUIVALENT}",
     "random_order": f"RandomOrder shuffles its transforms, which FastLoader cannot do: {_NO_EQUIVALENT}",
     "random_crop": (
         "RandomCrop has no FastLoader equivalent (FastLoader crops with RandomResizedCrop for training, "
