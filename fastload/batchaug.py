@@ -185,7 +185,8 @@ def _policy_op(pil: Any, library: str, step: tuple, fill: Any) -> Any:
     if name == "Grayscale":
         return F.rgb_to_grayscale(pil, num_output_channels=3)
     if name == "GaussianBlur":
-        return F.gaussian_blur(pil, [int(args[0]), int(args[1])], [float(args[2]), float(args[2])])
+        sigma = float(np.float32(args[2]))  # torchvision draws it as a float32 (uniform_ on a tensor)
+        return F.gaussian_blur(pil, [int(args[0]), int(args[1])], [sigma, sigma])
     return _trivial_op(pil, name, float(args[0]), InterpolationMode(interp), fill)
 
 
