@@ -8,9 +8,19 @@ for evaluation); ``--mixup-alpha``/``--cutmix-alpha`` make a ``collate_fn`` of
 (``batch_size``, ``shuffle``/``sampler``, ``num_workers``, ``pin_memory``, ``collate_fn``); the
 evaluation counts its samples over exactly the validation set. ``run(..., loader="fastload")``
 is the literal swap: ``fastload.FastLoader(`` where the script has ``torch.utils.data.DataLoader(``.
+
+Under ``torchrun`` (``python -m torch.distributed.run --nproc_per_node=2 references_style.py
+DATA LOADER OUT``), as that script does there: a gloo process group, a ``DistributedSampler``
+for training (``set_epoch`` every epoch) and one without shuffling for evaluation, the model
+in ``DistributedDataParallel``, and the evaluation's correct and sample counts summed
+across ranks with ``all_reduce``; each rank writes ``OUT/rankR.json``.
 """
 
 from __future__ import annotations
+
+import json
+import os
+import sys
 
 import torch
 from torch import nn
@@ -70,13 +80,20 @@ def run(data, *, loader: str, epochs=3, batch_size=6, train_crop=24, val_resize=
             return mixup_cutmix(*default_collate(batch))
 
     extra = {"progress": False, "cache_dir": f"{data}/.cache", "device": "cpu"} if loader == "fastload" else {}
-    train_loader = Loader(train_ds, batch_size=batch_size, shuffle=True, num_workers=2, pin_memory=True,
-                          collate_fn=collate_fn, drop_last=bool(mix), **extra)  # fmt: skip
-    val_loader = Loader(val_ds, batch_size=batch_size, shuffle=False, num_workers=2, pin_memory=True, **extra)
+    dist = torch.distributed.is_initialized()
+    train_sampler = torch.utils.data.distributed.DistributedSampler(train_ds) if dist else None
+    val_sampler = torch.utils.data.distributed.DistributedSampler(val_ds, shuffle=False) if dist else None
+    train_loader = Loader(train_ds, batch_size=batch_size, shuffle=train_sampler is None, sampler=train_sampler,
+                          num_workers=2, pin_memory=True, collate_fn=collate_fn, drop_last=bool(mix), **extra)  # fmt: skip
+    val_loader = Loader(val_ds, batch_size=batch_size, sampler=val_sampler, num_workers=2, pin_memory=True, **extra)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, num_classes))
+    if dist:
+        model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
     out = {"batches": [], "samples": [], "loss": [], "soft_targets": 0}
     for epoch in range(epochs):
+        if train_sampler is not None:
+            train_sampler.set_epoch(epoch)
         total, n, seen = 0.0, 0, 0
         for images, target in train_loader:
             if target.ndim == 2:
@@ -94,7 +111,22 @@ def run(data, *, loader: str, epochs=3, batch_size=6, train_crop=24, val_resize=
         for images, target in val_loader:
             correct += int((model(images).argmax(1) == target).sum())
             count += len(target)
+    if dist:  # the references' reduce_across_processes
+        t = torch.tensor([correct, count], dtype=torch.float64)
+        torch.distributed.all_reduce(t)
+        correct, count = int(t[0]), int(t[1])
     out["val_count"], out["val_acc"] = count, correct / count
     for ld in (train_loader, val_loader):
         getattr(ld, "close", lambda: None)()
     return out
+
+
+if __name__ == "__main__":  # under torchrun: DATA LOADER OUT [JSON of run()'s keywords]
+    torch.distributed.init_process_group("gloo")
+    data, which, out = sys.argv[1:4]
+    kw = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
+    result = run(data, loader=which, **kw)
+    rank = torch.distributed.get_rank()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({**result, "rank": rank, "world": torch.distributed.get_world_size()}, f)
+    torch.distributed.destroy_process_group()

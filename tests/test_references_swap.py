@@ -6,7 +6,12 @@ seen, the evaluation counted over exactly the validation set, and a loss that fa
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +60,28 @@ def test_the_swap_runs_as_the_dataloader_does(data, name):
         if "mixup_alpha" not in kw:  # (mixed targets keep the loss high and noisy)
             assert out["loss"][-1] < out["loss"][0]
         assert out["val_acc"] >= 2 / 3  # one primary colour per class: learnt in 3 epochs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["plain", "random-erase"])
+def test_the_swap_under_torchrun_on_two_ranks(data, tmp_path, name):
+    """torchrun --nproc_per_node=2 (gloo on CPU): per rank the same batches and samples as the DataLoader
+    run (15 of 30 per epoch), the evaluation summed across ranks over the DistributedSampler's padded
+    22 (21 images, one twice), as the references count it, and a falling loss on both ranks."""
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), str(here)]), "OMP_NUM_THREADS": "1"}
+    results = {}
+    for which in ("torch", "fastload"):
+        out = tmp_path / which
+        out.mkdir()
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(here / "references_style.py"), str(data), which, str(out), json.dumps(CONFIGS[name])]  # fmt: skip
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        results[which] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    for ref, got in zip(results["torch"], results["fastload"]):
+        assert got["batches"] == ref["batches"] == [3, 3, 3]  # 15 samples per rank in batches of 6
+        assert got["samples"] == ref["samples"] == [15, 15, 15]
+        assert got["val_count"] == ref["val_count"] == 22
+        for out in (got, ref):
+            assert out["loss"][-1] < out["loss"][0]
