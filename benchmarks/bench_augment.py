@@ -1,6 +1,6 @@
 """FastLoader against DataLoader with the same heavy torchvision training transform, side by side in one run.
 
-    .venv/bin/python benchmarks/bench_augment.py [--images data/sample-images] [--repeats 3]
+    .venv/bin/python benchmarks/bench_augment.py [--images data/sample-images] [--repeats 3] [--transform ta|deit]
 
 The transform is what torchvision's references build for ``--auto-augment ta_wide
 --random-erase 0.25 --interpolation bicubic``: RandomResizedCrop(224, bicubic), flip,
@@ -10,7 +10,10 @@ process disturb each other's timings), the loaders taking turns within each repe
 ``DataLoader(ImageFolder(transform), batch_size=64, num_workers=<cores>)`` against
 ``fastload.FastLoader(ImageFolder(transform), 64, device=<device>)`` (the literal swap;
 FastLoader's first epoch of the run packs the folder into its cache, so each of its processes
-first reads one warm-up epoch). Writes ``benchmarks/results/augment-<device>-<machine>.{md,json}``:
+first reads one warm-up epoch). ``--transform deit`` measures DeiT's default training transform
+instead: ``timm.data.create_transform(224, is_training=True, color_jitter=0.3,
+auto_augment="rand-m9-mstd0.5-inc1", interpolation="bicubic", re_prob=0.25, re_mode="pixel")``.
+Writes ``benchmarks/results/augment-<device>-<machine>.{md,json}`` (``augment-deit-...`` for DeiT's):
 every epoch's images/s, medians with min-max, and FastLoader / DataLoader per repeat.
 """
 
@@ -34,11 +37,16 @@ sys.path.insert(0, {root!r})
 from torchvision import datasets, transforms as T
 from torchvision.transforms import InterpolationMode
 import fastload
-tf = T.Compose([
-    T.RandomResizedCrop(224, interpolation=InterpolationMode.BICUBIC), T.RandomHorizontalFlip(),
-    T.TrivialAugmentWide(), T.PILToTensor(), T.ConvertImageDtype(torch.float),
-    T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), T.RandomErasing(0.25),
-])
+if {transform!r} == "deit":
+    from timm.data import create_transform
+    tf = create_transform(224, is_training=True, color_jitter=0.3, auto_augment="rand-m9-mstd0.5-inc1",
+                          interpolation="bicubic", re_prob=0.25, re_mode="pixel", re_count=1)
+else:
+    tf = T.Compose([
+        T.RandomResizedCrop(224, interpolation=InterpolationMode.BICUBIC), T.RandomHorizontalFlip(),
+        T.TrivialAugmentWide(), T.PILToTensor(), T.ConvertImageDtype(torch.float),
+        T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), T.RandomErasing(0.25),
+    ])
 ds = datasets.ImageFolder({images!r}, transform=tf)
 if {kind!r} == "fastload":
     loader = fastload.FastLoader(ds, 64, shuffle=True, device={device!r}, cache_dir={cache!r}, progress=False)
@@ -58,8 +66,9 @@ print(json.dumps({{"images": n, "seconds": time.perf_counter() - t}}))
 """
 
 
-def _epoch(kind: str, images: str, device: str, cache: str, workers: int) -> float:
-    code = CHILD.format(root=str(ROOT), images=images, kind=kind, device=device, cache=cache, workers=workers)
+def _epoch(kind: str, images: str, device: str, cache: str, workers: int, transform: str = "ta") -> float:
+    code = CHILD.format(root=str(ROOT), images=images, kind=kind, device=device, cache=cache, workers=workers,
+                        transform=transform)  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     r = json.loads(out.stdout.strip().splitlines()[-1])
     return r["images"] / r["seconds"]
@@ -72,6 +81,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cache", default=str(ROOT / "data" / "bench-cache"))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--transform", choices=("ta", "deit"), default="ta")
     a = ap.parse_args()
     workers = len(os.sched_getaffinity(0))
     runs: dict[str, list[float]] = {"DataLoader": [], "FastLoader": []}
@@ -80,7 +90,8 @@ def main() -> None:
         order = ["DataLoader", "FastLoader"] if r % 2 == 0 else ["FastLoader", "DataLoader"]  # turns at going first
         got = {}
         for name in order:
-            got[name] = _epoch("fastload" if name == "FastLoader" else "torch", a.images, a.device, a.cache, workers)
+            got[name] = _epoch("fastload" if name == "FastLoader" else "torch", a.images, a.device, a.cache, workers,
+                               a.transform)  # fmt: skip
             runs[name].append(got[name])
             print(f"repeat {r + 1}: {name} {got[name]:.0f} images/s", flush=True)
         ratios.append(got["FastLoader"] / got["DataLoader"])
@@ -90,14 +101,25 @@ def main() -> None:
     summary = {
         "machine": f"{cpu}, {workers} cores", "device": a.device, "python": platform.python_version(),
         "images": a.images, "repeats": a.repeats, "images_per_s": runs, "ratio_per_repeat": ratios,
+        "transform": a.transform, "load_average_at_end": os.getloadavg(),
         "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
-    md = f"""# TrivialAugmentWide + RandomErasing + bicubic: FastLoader against DataLoader
+    if a.transform == "deit":
+        title = "DeiT's default training transform"
+        what = ("timm `create_transform(224, is_training=True, color_jitter=0.3, auto_augment='rand-m9-mstd0.5-inc1', "
+                "interpolation='bicubic', re_prob=0.25, re_mode='pixel', re_count=1)`: RandomResizedCropAndInterpolation "
+                "(bicubic), flip, timm's RandAugment, MaybeToTensor, Normalize, timm's RandomErasing (pixel noise).")
+    else:
+        title = "TrivialAugmentWide + RandomErasing + bicubic"
+        what = ("torchvision's references, `--auto-augment ta_wide --random-erase 0.25 --interpolation bicubic`: "
+                "RandomResizedCrop(224, bicubic), RandomHorizontalFlip, TrivialAugmentWide, PILToTensor, "
+                "ConvertImageDtype(float), Normalize, RandomErasing(0.25).")
+    load = ", ".join(f"{v:.1f}" for v in summary["load_average_at_end"])
+    md = f"""# {title}: FastLoader against DataLoader
 
-Machine: {summary['machine']}; device {a.device}; Python {summary['python']}; {summary['created']}.
-Transform (torchvision's references, `--auto-augment ta_wide --random-erase 0.25 --interpolation bicubic`):
-RandomResizedCrop(224, bicubic), RandomHorizontalFlip, TrivialAugmentWide, PILToTensor,
-ConvertImageDtype(float), Normalize, RandomErasing(0.25). Batches of 64, one full epoch per
+Machine: {summary['machine']}; device {a.device}; Python {summary['python']}; {summary['created']}; load average
+at the end {load} (other processes share these cores: read the spread).
+Transform: {what} Batches of 64, one full epoch per
 measurement, each in its own process, the loaders taking turns at going first; {a.repeats} repeats.
 
 | loader | images/s, median (min–max) |
@@ -106,7 +128,8 @@ measurement, each in its own process, the loaders taking turns at going first; {
 | `FastLoader(ImageFolder(transform), device="{a.device}")` | {spread(runs['FastLoader'])} |
 | FastLoader / DataLoader, per repeat | {spread(ratios, 2)}× |
 """
-    tag = a.out or str(ROOT / "benchmarks" / "results" / f"augment-{a.device.split(':')[0]}-{workers}cpu")
+    kind = "" if a.transform == "ta" else f"{a.transform}-"
+    tag = a.out or str(ROOT / "benchmarks" / "results" / f"augment-{kind}{a.device.split(':')[0]}-{workers}cpu")
     Path(tag + ".json").write_text(json.dumps(summary, indent=1) + "\n")
     Path(tag + ".md").write_text(md)
     print(md)
