@@ -336,3 +336,23 @@ def test_per_image_operations_in_a_thread_pool_give_the_same_images(pixel_datase
         with FastLoader(pixel_dataset.packed, 8, device="cpu", transform=tf, seed=3, num_threads=threads) as ld:
             runs.append(torch.cat([x for x, _ in ld]))
     assert torch.equal(runs[0], runs[1])
+
+
+@pytest.mark.gpu
+def test_policies_and_noise_erasing_on_cuda_batches(pixel_dataset):
+    """On CUDA: a planned timm policy gives the CPU path's pixels (the images go to the host for it, within
+    one level after normalisation), and DeiT's transform gives the same batches for the same seed."""
+    with FastLoader(pixel_dataset.packed, 24, device="cpu", crop=24, seed=4, flip=0.0, mean=None, std=None) as b:
+        u8, _ = next(iter(b))
+    pol = translate(T.Compose([T.RandomResizedCrop(24), _timm_policy("rand-m9-mstd0.5-inc1", 24), T.PILToTensor()])).policy
+    plans = plan(pol, seed=2, epoch=0, positions=np.arange(24))
+    want = run_policy(u8.clone(), plans, library="timm", mean=None, std=None, fill=pol.fill)
+    got = run_policy(u8.clone().cuda(), plans, library="timm", mean=None, std=None, fill=pol.fill)
+    assert got.is_cuda and torch.equal(got.cpu(), want)
+    tf = T.Compose([T.RandomResizedCrop(24), _timm_policy("rand-m9-mstd0.5-inc1", 24), T.ToTensor(),
+                    T.Normalize(MEAN, STD), TimmErasing(0.5, mode="pixel", device="cpu")])  # fmt: skip
+    runs = []
+    for _ in range(2):
+        with FastLoader(pixel_dataset.packed, 8, device="cuda", transform=tf, seed=3) as ld:
+            runs.append(torch.cat([x for x, _ in ld]).cpu())
+    assert torch.equal(runs[0], runs[1])
