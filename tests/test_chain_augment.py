@@ -160,3 +160,34 @@ def test_posterize_on_floats_is_refused_and_solarize_on_floats_is_scaled():
         translate(T.Compose([T.RandomResizedCrop(24), T.ToTensor(), T.RandomPosterize(3)]))
     pol = translate(T.Compose([T.RandomResizedCrop(24), T.ToTensor(), T.RandomSolarize(0.5)])).policy
     assert pol.stages[0].groups[0][0].magnitude == pytest.approx(127.5)
+
+
+def test_three_augment_assigned_after_construction_is_translated_then(make_folder, tmp_path):
+    """DeiT's --ThreeAugment assigns data_loader_train.dataset.transform after the loader is built: the chain
+    and jitter are in the loader's settings from then on, as the same transform given at construction."""
+    from torchvision.datasets import ImageFolder
+
+    three = T.Compose([
+        T.RandomResizedCrop(24, interpolation=3), T.RandomHorizontalFlip(),
+        T.RandomChoice([T.Grayscale(3), T.RandomSolarize(128, p=1.0), T.GaussianBlur(5, (0.1, 2.0))]),
+        T.ColorJitter(0.3, 0.3, 0.3), T.ToTensor(), T.Normalize(MEAN, STD),
+    ])  # fmt: skip
+    root = make_folder(classes=2, per_class=4, size=(64, 48))
+    kw = dict(device="cpu", progress=False, cache_dir=tmp_path / "c", seed=2, shuffle=True)
+    later = FastLoader(ImageFolder(str(root), transform=T.Compose([T.RandomResizedCrop(24), T.ToTensor()])), 4, **kw)
+    first = FastLoader(ImageFolder(str(root), transform=three), 4, **kw)
+    with later, first:
+        later.dataset.transform = three
+        assert later.augment == first.augment and later.augment.policy.kind == "chain"
+        assert all(torch.equal(x, u) for (x, _), (u, _) in zip(later, first))
+
+
+def test_timms_to_numpy_is_read_as_pil_to_tensor(pixel_dataset):
+    """timm's ToNumpy (uint8 CHW arrays, which default_collate stacks): the batches PILToTensor gives."""
+    from timm.data.transforms import ToNumpy
+
+    a = translate(T.Compose([T.RandomResizedCrop(24), ToNumpy()]))
+    b = translate(T.Compose([T.RandomResizedCrop(24), T.PILToTensor()]))
+    assert a == b and a.mean is None
+    sample = ToNumpy()(Image.new("RGB", (5, 4), (1, 2, 3)))
+    assert sample.dtype == np.uint8 and sample.shape == (3, 4, 5)  # what the translation assumes of it
