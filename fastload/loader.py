@@ -306,9 +306,10 @@ class FastLoader:
         channels_last: return images in channels-last memory format.
         interpolation: the resampling filter of every resize: ``"bilinear"`` (default), ``"bicubic"``
             or ``"lanczos"`` (antialiased, torchvision's names; a transform's own is kept).
-            (``RandomErasing``, ``ColorJitter``, ``RandomGrayscale`` and ``TrivialAugmentWide`` come
-            through ``transform=``: a torchvision transform, or an Augment's ``erasing``, ``jitter``,
-            ``grayscale`` and ``trivial``.)
+            (``RandomErasing``, ``ColorJitter``, ``RandomGrayscale``, ``TrivialAugmentWide``,
+            ``RandAugment``/``AutoAugment`` (torchvision's, timm's) and ``RandomApply``/``RandomChoice``
+            chains come through ``transform=``: a torchvision or timm transform, or an Augment's
+            ``erasing``, ``jitter``, ``grayscale``, ``trivial`` and ``policy``.)
         device: ``"cuda"``/``"cuda:N"`` (GPU decoding), ``"cpu"`` (DALI's CPU pipeline), None (CUDA if present).
         num_threads: DALI CPU threads (default: this process's share of the cores; a GPU
             pipeline uses at most :data:`fastload.pipeline.GPU_THREADS`, 4: see docs/gpu.md).
