@@ -52,6 +52,7 @@ ignores it (PIL always antialiases), so it is accepted there.
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import re
@@ -618,14 +619,16 @@ def _policy(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
 
 
 def _chain(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
-    """``RandomApply``, ``RandomChoice`` and torchvision's single operations (``RandomSolarize``, ``GaussianBlur``...)
+    """``RandomApply``, ``RandomChoice``, ``RandomOrder`` and torchvision's single operations (``RandomSolarize``, ``GaussianBlur``...)
     as stages of a chain policy, in the auto-augment place; ``RandomApply([ColorJitter])`` and
     ``RandomApply([RandomGrayscale])`` become the jitter's and the grayscale's own probability."""
     import dataclasses
 
     from .settings import Policy, Stage
 
-    inner = list(t.transforms) if kind in ("random_apply", "random_choice") else [t]
+    inner = list(t.transforms) if kind in ("random_apply", "random_choice", "random_order") else [t]
+    if kind == "random_order" and len(inner) > 5:
+        raise step.fail(_REFUSAL["random_order"])
     kinds = [tv.kind(x) for x in inner]
     if kind == "random_apply" and kinds in (["jitter"], ["grayscale"], ["gray_fixed"]):
         before = (st.jitter, st.gray)
@@ -649,6 +652,8 @@ def _chain(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
         if kind == "random_choice":
             weights = None if getattr(t, "p", None) is None else tuple(t.p)
             stage = Stage(groups=tuple((o,) for o in ops), weights=weights)
+        elif kind == "random_order":  # a uniformly random order (random.shuffle): one of the orders, uniformly
+            stage = Stage(groups=tuple(tuple(ops[i] for i in order) for order in itertools.permutations(range(len(ops)))))
         else:
             stage = Stage(p=float(getattr(t, "p", 1.0)) if kind == "random_apply" else 1.0, groups=(tuple(ops),))
     except ConfigError as e:
@@ -677,7 +682,7 @@ _PIXEL_STEPS = {
     "convert": _convert, "to_dtype": _to_dtype, "normalize": _normalize, "jitter": _jitter, "erasing": _erasing,
     "grayscale": _grayscale, "trivial": _trivial, "rand_augment": _policy, "auto_augment": _policy,
     "timm_rand": _policy, "timm_auto": _policy, "timm_erasing": _erasing, "random_apply": _chain,
-    "random_choice": _chain, **{k: _chain for k in readaug.CHAIN_KINDS if k != "grayscale"}, "gray_fixed": _grayscale,
+    "random_choice": _chain, "random_order": _chain, **{k: _chain for k in readaug.CHAIN_KINDS if k != "grayscale"}, "gray_fixed": _grayscale,
 }  # fmt: skip
 
 
@@ -797,7 +802,7 @@ _FLIP_IN_EVAL = (
 
 _REFUSAL = {
     "lambda": f"Lambda runs your own code, which FastLoader cannot translate: {_NO_EQUIVALENT}",
-    "random_order": f"RandomOrder shuffles its transforms, which FastLoader cannot do: {_NO_EQUIVALENT}",
+    "random_order": f"RandomOrder of more than 5 transforms (FastLoader draws one of their orders): {_NO_EQUIVALENT}",
     "random_crop": (
         "RandomCrop has no FastLoader equivalent (FastLoader crops with RandomResizedCrop for training, "
         "Resize + CenterCrop for evaluation): use RandomResizedCrop(N), or crop the batch on the GPU after the loader"

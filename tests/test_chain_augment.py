@@ -107,6 +107,27 @@ def test_choice_weights_gate_and_sigma_follow_torchvisions_own_draws():
     assert stats.ks_2samp(sig, theirs).pvalue > ALPHA
 
 
+def test_random_order_follows_torchvisions_shuffle():
+    """The six orders of three operations: as often as torchvision's RandomOrder (holding recorders) gives each."""
+    import random
+
+    n = 6000
+    seen: list[int] = []
+    recorders = [(lambda k: lambda img: (seen.append(k), img)[1])(k) for k in range(3)]
+    random.seed(7)
+    shuffler = T.RandomOrder(recorders)
+    for _ in range(n):
+        shuffler(None)
+    theirs = [tuple(seen[3 * i : 3 * i + 3]) for i in range(n)]
+    names = ["Invert", "Equalize", "AutoContrast"]
+    pol = _chain(T.RandomOrder([T.RandomInvert(1.0), T.RandomEqualize(1.0), T.RandomAutocontrast(1.0)]))
+    ours = [tuple(names.index(s[0]) for s in steps) for steps in plan(pol, seed=5, epoch=1, positions=np.arange(n))]
+    orders = sorted(set(theirs))
+    assert len(orders) == 6 and set(ours) == set(orders)
+    table = np.array([[x.count(o) for o in orders] for x in (theirs, ours)])
+    assert stats.chi2_contingency(table).pvalue > ALPHA
+
+
 def test_random_apply_of_a_jitter_gates_whole_images_at_p():
     """RandomApply([ColorJitter], 0.8): every part of an image jittered, or none, 80 % of images (4 s.e.)."""
     tf = T.Compose([T.RandomResizedCrop(24), T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
@@ -140,7 +161,7 @@ def test_three_augment_runs_through_the_loader_seeded(pixel_dataset):
 @pytest.mark.parametrize(
     ("steps", "message"),
     [
-        ([T.RandomOrder([T.RandomInvert()])], "RandomOrder"),
+        ([T.RandomOrder([T.RandomInvert()] * 6)], "RandomOrder of more than 5"),
         ([T.RandomApply([T.RandomRotation(10)])], "cannot run inside it"),
         ([T.ColorJitter(0.4), T.RandomApply([T.GaussianBlur(3)])], "before ColorJitter"),
         ([T.RandomChoice([T.Grayscale(1)])], "one output channel"),
