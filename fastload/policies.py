@@ -11,7 +11,8 @@ The laws are those of the objects translated:
   where the operation is signed;
 * torchvision ``AutoAugment``: one sub-policy uniform over the policy's, each of its two
   operations applied with its probability, at its bin's magnitude, signed as above;
-* timm ``RandAugment``: ``num_layers`` operations uniform with replacement, each applied
+* timm ``RandAugment``: ``num_layers`` operations uniform with replacement (with
+  ``choice_weights``: by weight, without replacement, each draw among those left), each applied
   with its probability (``random() > prob`` skips), its level ``gauss(magnitude, std)``
   (``std = inf``: ``uniform(0, magnitude)``) clamped to ``[0, level_max]``, turned into the
   operation's arguments by timm's law (:func:`timm_args`, whose ``_randomly_negate`` is a
@@ -165,7 +166,14 @@ def plan(policy: Policy, *, seed: int, epoch: int, positions: np.ndarray) -> lis
         if policy.kind == "chain":
             out.append(_chain(policy, row))
             continue
-        if policy.kind == "rand":
+        if policy.kind == "rand" and policy.weights is not None:  # np.random.choice(replace=False, p=weights)
+            left = list(policy.weights)
+            chosen = []
+            for k in range(slots):
+                i = _pick(row[1 + _PER_SLOT * k], tuple(left), len(left))
+                chosen.append(policy.ops[i])
+                left[i] = 0.0
+        elif policy.kind == "rand":
             ops = policy.ops
             chosen = [ops[min(int(row[1 + _PER_SLOT * k] * len(ops)), len(ops) - 1)] for k in range(slots)]
         else:

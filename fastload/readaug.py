@@ -117,17 +117,12 @@ def timm_policy(t: Any, *, auto: bool) -> Policy:
     """timm's ``RandAugment`` (``auto=False``) or ``AutoAugment`` (``auto=True``) as a Policy.
 
     Raises:
-        ConfigError: weighted operation choice, an operation FastLoader does not run, or
-            operations with different fills or filters.
+        ConfigError: an operation FastLoader does not run, operations with different fills or
+            filters, or more layers than operations of non-zero weight.
     """
     if auto:
         groups = [list(s) for s in t.policy]
     else:
-        if getattr(t, "choice_weights", None) is not None:
-            raise ConfigError(
-                "a weighted choice of operations (timm's 'tweights'/'t3aw...', drawn without replacement) is not "
-                "translated: use the uniform choice"
-            )
         groups = [list(t.ops)]
     read = [[_timm_op(op) for op in g] for g in groups]
     extras = {(fill, names) for g in read for _, fill, names in g}
@@ -138,7 +133,9 @@ def timm_policy(t: Any, *, auto: bool) -> Policy:
         subs = tuple(tuple(o for o, _, _ in g) for g in read)
         return Policy(library="timm", kind="auto", sub_policies=subs, interpolation=names, fill=fill)
     ops = tuple(o for o, _, _ in read[0])
-    return Policy(library="timm", kind="rand", ops=ops, num_ops=t.num_layers, interpolation=names, fill=fill)
+    weights = getattr(t, "choice_weights", None)
+    weights = None if weights is None else tuple(float(w) for w in weights)
+    return Policy(library="timm", kind="rand", ops=ops, num_ops=t.num_layers, interpolation=names, fill=fill, weights=weights)
 
 
 def timm_erasing(t: Any) -> Erasing:

@@ -168,6 +168,8 @@ class Policy:
             ``"auto"``: one of ``sub_policies`` drawn uniformly, each of its operations applied
             with its own probability; ``"chain"``: each of ``stages`` in turn.
         ops, num_ops: for ``"rand"``.
+        weights: for ``"rand"``: relative weights of ``ops``, drawn without replacement (timm's
+            ``choice_weights``, ``np.random.choice(replace=False, p=...)``); None: uniform, with replacement.
         sub_policies: for ``"auto"``.
         stages: for ``"chain"`` (torchvision only).
         interpolation: the geometric operations' filter; several (timm's random choice): one
@@ -183,6 +185,7 @@ class Policy:
     stages: tuple[Stage, ...] = ()
     interpolation: tuple[str, ...] = ("nearest",)
     fill: tuple[float, ...] | None = None
+    weights: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.library not in POLICY_LIBRARIES or self.kind not in POLICY_KINDS:
@@ -201,6 +204,17 @@ class Policy:
         if not all(isinstance(st, Stage) for st in self.stages) or (self.stages and self.library != "torchvision"):
             raise ConfigError("policy stages must be fastload.settings.Stage objects, of a torchvision policy")
         object.__setattr__(self, "stages", tuple(self.stages))
+        if self.weights is not None:
+            try:
+                w = tuple(float(v) for v in self.weights)
+            except (TypeError, ValueError):
+                raise ConfigError(f"policy weights must be numbers, got {self.weights!r}") from None
+            if len(w) != len(ops) or any(not math.isfinite(v) or v < 0 for v in w) or sum(v > 0 for v in w) < self.num_ops:
+                raise ConfigError(
+                    f"policy weights must be {len(ops)} non-negative numbers, at least num_ops={self.num_ops} of them "
+                    f"above 0 (drawn without replacement), got {self.weights!r}"
+                )
+            object.__setattr__(self, "weights", w)
         object.__setattr__(self, "ops", ops)
         object.__setattr__(self, "sub_policies", subs)
         interp = (self.interpolation,) if isinstance(self.interpolation, str) else tuple(self.interpolation)

@@ -82,7 +82,8 @@ def _timm_calls(t, n: int) -> list[list[tuple]]:
     return calls
 
 
-@pytest.mark.parametrize("config", ["rand-m9-mstd0.5-inc1", "rand-m7-n3-p0.8", "original-mstd0.5"])
+@pytest.mark.parametrize("config", ["rand-m9-mstd0.5-inc1", "rand-m7-n3-p0.8", "original-mstd0.5", "rand-m9-n3-tweights-p1.0",
+                                    "rand-m9-mstd0.5-t3aw"])  # fmt: skip
 def test_timm_draws_follow_timms_own_objects(config):
     """Operations per image, which operations, and the argument law of a signed and a discrete one."""
     n = 6000
@@ -92,6 +93,9 @@ def test_timm_draws_follow_timms_own_objects(config):
     assert _same_law([len(c) for c in ours], [len(c) for c in theirs]) > ALPHA
     flat_o, flat_t = [s for c in ours for s in c], [s for c in theirs for s in c]
     assert _same_law([s[0] for s in flat_o], [s[0] for s in flat_t]) > ALPHA
+    if "tweights" in config:  # drawn without replacement: never one operation twice in an image, in either
+        assert all(len({s[0] for s in c}) == len(c) for c in ours + theirs)
+        assert _same_law([tuple(s[0] for s in c) for c in ours], [tuple(s[0] for s in c) for c in theirs]) > ALPHA
     for name in ("Rotate", "ShearX"):
         a = [s[1][0] for s in flat_o if s[0] == name]
         b = [s[1][0] for s in flat_t if s[0] == name]
@@ -129,8 +133,9 @@ def test_each_timm_operation_is_timms_on_the_uint8_crop(pixel_dataset, name):
 
 
 def test_timm_forms_fastload_cannot_run_are_refused_by_name():
-    weighted = timm_aa.rand_augment_transform("rand-m9-tweights", {"translate_const": 100})
-    with pytest.raises(ConfigError, match="RandAugment.*step 2 of 3.*weighted choice"):
+    weighted = timm_aa.rand_augment_transform("rand-m9-n3-t3a", {"translate_const": 100})
+    weighted.choice_weights = np.array([1.0, 1.0, 0.0])  # three layers, two operations to draw from
+    with pytest.raises(ConfigError, match="RandAugment.*step 2 of 3.*at least num_ops=3 of them above 0"):
         _translated(weighted)
     blur = timm_aa.rand_augment_transform("rand-m9-t3a", {"translate_const": 100})  # has no GaussianBlurRand
     assert {o.name for o in _translated(blur).ops} == {"SolarizeIncreasing", "Desaturate", "GaussianBlur"}
