@@ -589,6 +589,7 @@ def _trivial(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
     from .settings import Trivial
 
     _colour_place(step, st, "TrivialAugmentWide")
+    _on_pixels(step, st, tv, "TrivialAugmentWide", pil_only=False)
     if st.jitter is not None or st.gray is not None or st.trivial is not None or st.policy is not None:
         raise step.fail("TrivialAugmentWide after another colour step (or a second one): FastLoader runs it first; keep it first and once")
     mode = t.interpolation
@@ -602,10 +603,21 @@ def _trivial(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
         raise step.fail(str(e)) from None
 
 
+def _on_pixels(step: _Step, st: _State, tv: _TV, what: str, *, pil_only: bool) -> None:
+    """Auto-augments act on uint8 pixels (their thresholds and posterize bits are in 0..255): refused on floats."""
+    if st.tensor and (pil_only or st.dtype != tv.torch.uint8):
+        where = "a tensor" if pil_only else "a float tensor"
+        raise step.fail(
+            f"{what} on {where} ({st.converted_by.where if st.converted_by else 'converted before'}): its operations "
+            "take PIL images or uint8 pixels here; put it before ToTensor()/PILToTensor(), as the references do"
+        )
+
+
 def _policy(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
     """torchvision's or timm's ``RandAugment``/``AutoAugment`` on the training crop's uint8 pixels, before any colour step."""
     what = type(t).__name__
     _colour_place(step, st, what)
+    _on_pixels(step, st, tv, what, pil_only=kind in ("timm_rand", "timm_auto"))
     if st.jitter is not None or st.gray is not None or st.trivial is not None or st.policy is not None:
         raise step.fail(f"{what} after another colour step (or a second auto-augment): FastLoader runs it first; keep it first and once")
     try:

@@ -361,3 +361,21 @@ def test_policies_and_noise_erasing_on_cuda_batches(pixel_dataset):
         with FastLoader(pixel_dataset.packed, 8, device="cuda", transform=tf, seed=3) as ld:
             runs.append(torch.cat([x for x, _ in ld]).cpu())
     assert torch.equal(runs[0], runs[1])
+
+
+@pytest.mark.parametrize(
+    ("steps", "message"),
+    [
+        ([T.ToTensor(), T.RandAugment()], "RandAugment on a float tensor"),
+        ([T.ToTensor(), T.TrivialAugmentWide()], "TrivialAugmentWide on a float tensor"),
+        ([T.PILToTensor(), _timm_policy("rand-m9", 24)], "RandAugment on a tensor"),
+    ],
+    ids=["ra-float", "ta-float", "timm-tensor"],
+)
+def test_auto_augments_on_float_or_tensor_images_are_refused(steps, message):
+    """torchvision's thresholds and posterize bits mean 0..255 levels (on floats torchvision solarizes nothing
+    and cannot posterize); timm's operations take PIL images only."""
+    with pytest.raises(ConfigError, match=message):
+        translate(T.Compose([T.RandomResizedCrop(24), *steps]))
+    ok = translate(T.Compose([T.RandomResizedCrop(24), T.PILToTensor(), T.RandAugment()]))  # uint8 tensors: fine
+    assert ok.policy is not None
