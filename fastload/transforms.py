@@ -36,9 +36,16 @@ normalisation (bilinear weights sum to one), so their place relative to the tens
 conversion and ``Normalize`` does not matter. No-ops are accepted: ``v2.Identity``,
 ``nn.Identity``, ``v2.ToPureTensor``, ``v2.RGB`` (the images already are RGB).
 
-timm's ``RandomResizedCropAndInterpolation``, ``MaybeToTensor`` and
-``MaybePILToTensor`` (what ``timm.data.create_transform`` builds) are read as
-torchvision's ``RandomResizedCrop``, ``ToTensor`` and ``PILToTensor``.
+timm's ``RandomResizedCropAndInterpolation``, ``MaybeToTensor``, ``MaybePILToTensor`` and
+``ToNumpy`` (what ``timm.data.create_transform`` builds) are read as torchvision's
+``RandomResizedCrop``, ``ToTensor`` and ``PILToTensor``.
+
+Training augmentations after the crop become the Augment's ``jitter`` (``ColorJitter``,
+``RandomApply([ColorJitter], p)``), ``grayscale``, ``trivial`` (``TrivialAugmentWide``),
+``policy`` (torchvision's and timm's ``RandAugment``/``AutoAugment``; ``RandomApply``,
+``RandomChoice``, ``RandomOrder`` of colour operations, ``GaussianBlur``, ``RandomSolarize``
+and the like, read by :mod:`fastload.readaug`) and ``erasing`` (torchvision's and timm's
+``RandomErasing`` after the last ``Normalize``), in that order of application.
 
 Interpolation: ``BILINEAR`` (the default), ``BICUBIC`` and ``LANCZOS`` (or PIL's codes for
 them, as timm passes), kept as ``Augment.interpolation``: PIL's filter on the CPU training
