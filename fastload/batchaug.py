@@ -67,17 +67,6 @@ def color(
     return images
 
 
-def _each(fn: Any, ks: list[int], pool: Any) -> None:
-    """``fn(k)`` for each of ``ks``: in ``pool``'s threads when given (PIL releases the GIL), else here; the first error re-raised."""
-    if pool is None or len(ks) < 2:
-        for k in ks:
-            fn(k)
-        return
-    futures = [pool.submit(fn, k) for k in ks]
-    for f in futures:
-        f.result()
-
-
 def _trivial_op(img: Any, name: str, m: float, interpolation: Any, fill: Any) -> Any:
     """One TrivialAugmentWide operation on a CHW uint8 tensor or a PIL image, as torchvision applies it."""
     import torchvision.transforms.functional as F
@@ -113,13 +102,9 @@ def _trivial_op(img: Any, name: str, m: float, interpolation: Any, fill: Any) ->
 
 def trivial(
     images: torch.Tensor, ops: np.ndarray, mags: np.ndarray, *, mean: Sequence[float] | None,
-    std: Sequence[float] | None, interpolation: str, fill: Sequence[float] | None, pool: Any = None,
+    std: Sequence[float] | None, interpolation: str, fill: Sequence[float] | None,
 ) -> torch.Tensor:  # fmt: skip
-    """TrivialAugmentWide on each image of NCHW ``images``, in place, on its uint8 pixels (as before ToTensor).
-
-    ``pool`` (anything with ``submit(fn, *args)`` returning a future, e.g. :class:`fastload.host.DecodePool`)
-    runs a CPU batch's images in its threads.
-    """
+    """TrivialAugmentWide on each image of NCHW ``images``, in place, on its uint8 pixels (as before ToTensor)."""
     from torchvision.transforms import InterpolationMode
 
     from .augment import TRIVIAL_OPS
@@ -128,8 +113,7 @@ def trivial(
     if not len(work):
         return images
     if images.device.type == "cpu" and images.dtype in (torch.float32, torch.float16, torch.uint8):
-        _trivial_numpy(images.numpy(), work, ops, mags, mean=mean, std=std, mode=InterpolationMode(interpolation), fill=fill,
-                       pool=pool)  # fmt: skip
+        _trivial_numpy(images.numpy(), work, ops, mags, mean=mean, std=std, mode=InterpolationMode(interpolation), fill=fill)
         return images
     dev = images.device
     if mean is not None:
@@ -151,13 +135,12 @@ def trivial(
     return images
 
 
-def _trivial_numpy(arr: np.ndarray, work: np.ndarray, ops: np.ndarray, mags: np.ndarray, *, mean, std, mode, fill, pool=None) -> None:
+def _trivial_numpy(arr: np.ndarray, work: np.ndarray, ops: np.ndarray, mags: np.ndarray, *, mean, std, mode, fill) -> None:
     """:func:`trivial` on the CPU, in NumPy and PIL: each image's uint8 pixels, its operation on the PIL
     image (as a DataLoader worker runs TrivialAugmentWide), written back normalised.
 
-    Neither NumPy nor PIL uses a thread pool of its own here: torch's small per-image kernels beside
-    DALI's threads spun in its intra-op pool, 50x slower (measured on 2 cores). ``pool`` runs the
-    images in its threads.
+    Neither NumPy nor PIL uses a thread pool here: torch's small per-image kernels beside DALI's
+    threads spun in its intra-op pool, 50x slower (measured on 2 cores).
     """
     from PIL import Image
 
@@ -167,14 +150,12 @@ def _trivial_numpy(arr: np.ndarray, work: np.ndarray, ops: np.ndarray, mags: np.
         m = np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
         s = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
     pil_fill = None if fill is None else [int(round(v)) for v in (fill if len(fill) == 3 else list(fill) * 3)]
-    def one(k: int) -> None:
+    for k in work.tolist():
         x = arr[k]  # CHW (a strided view for channels_last)
         u8 = x if mean is None else np.clip(np.rint((x * s + m) * 255.0), 0, 255).astype(np.uint8)
         pil = Image.fromarray(np.ascontiguousarray(u8.transpose(1, 2, 0)))
         out = np.asarray(_trivial_op(pil, TRIVIAL_OPS[int(ops[k])][0], float(mags[k]), mode, pil_fill)).transpose(2, 0, 1)
         x[...] = out if mean is None else (out.astype(np.float32) * (1.0 / 255.0) - m) / s
-
-    _each(one, work.tolist(), pool)
 
 
 def _pil_op(u8: torch.Tensor, name: str, m: float, mode: Any, fill: Any) -> torch.Tensor:
@@ -211,14 +192,13 @@ def _policy_op(pil: Any, library: str, step: tuple, fill: Any) -> Any:
 
 def policy(
     images: torch.Tensor, plans: list, *, library: str, mean: Sequence[float] | None, std: Sequence[float] | None,
-    fill: Sequence[float] | None, pool: Any = None,
+    fill: Sequence[float] | None,
 ) -> torch.Tensor:  # fmt: skip
     """Each image's planned operations (:func:`fastload.policies.plan`) on its uint8 pixels, in place.
 
     Every operation runs on the PIL image, by torchvision's ``_apply_op`` functions or timm's
     ``NAME_TO_OP``, as a DataLoader worker runs RandAugment/AutoAugment before ``ToTensor``;
-    a CUDA batch's images that get an operation go to the host and back for it. ``pool`` (as
-    :func:`trivial`'s) runs a CPU batch's images in its threads.
+    a CUDA batch's images that get an operation go to the host and back for it.
     """
     from PIL import Image
 
@@ -234,7 +214,7 @@ def policy(
         s = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
     host = images.device.type == "cpu" and images.dtype in (torch.float32, torch.float16, torch.uint8)
     arr = images.numpy() if host else None
-    def one(k: int) -> None:
+    for k in work:
         x = arr[k] if host else images[k].float().cpu().numpy()
         u8 = x if mean is None else np.clip(np.rint((x * s + m) * 255.0), 0, 255).astype(np.uint8)
         pil = Image.fromarray(np.ascontiguousarray(u8.astype(np.uint8).transpose(1, 2, 0)))
@@ -246,8 +226,6 @@ def policy(
             x[...] = out
         else:
             images[k] = torch.from_numpy(np.ascontiguousarray(out)).to(images.device, images.dtype)
-
-    _each(one, work, pool if host else None)
     return images
 
 

@@ -27,7 +27,7 @@ from .errors import FastloadError, LoaderError
 from .augment import color_params, erase_boxes, noise_seeds, trivial_params
 from .batchaug import color, erase, erase_noisy, policy, trivial
 from .policies import plan
-from .host import DecodePool, finish_crops
+from .host import finish_crops
 from .pipeline import cpu_samples
 from .sampler import Batch
 from .threads import cannot_start, start_threads
@@ -79,18 +79,10 @@ class EpochRun:
         self._queue: queue.Queue = queue.Queue(maxsize=core.prefetch)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._produce, name=f"fastload-epoch{epoch}", daemon=True)
-        self.aug_pool: DecodePool | None = None  # the per-image augmentations' threads, CPU batches only
 
     def start(self) -> None:
-        a = self.core.augment
-        if self.core.stream is None and (a.trivial is not None or a.policy is not None) and self.core.num_threads > 1:
-            # the per-image operations of CPU batches, across a few threads (PIL releases the GIL); started
-            # here, in the caller's thread, never in the epoch thread (see Core._start_decode_pool)
-            self.aug_pool = DecodePool(min(self.core.num_threads, 4), name="fastload-augment")
         err = start_threads([self._thread])
         if err is not None:
-            if self.aug_pool is not None:
-                self.aug_pool.close()
             raise cannot_start("the epoch thread", err)
 
     # ---- called by DALI (producer thread)
@@ -138,9 +130,6 @@ class EpochRun:
                 err = core.locate_decode_error(pending, e)
                 err.__cause__ = e
             self._put(_Failure(err))
-        finally:
-            if self.aug_pool is not None:
-                self.aug_pool.close()
 
     def _finished_on_host(self, tl, batch: Batch, labels_np: np.ndarray):
         """A CPU training batch: DALI's decoded crops resized, flipped and normalised on the host."""
@@ -171,12 +160,10 @@ class EpochRun:
         a = self.core.augment
         if a.trivial is not None:
             ops, mags = trivial_params(seed=self.core.seed, epoch=self.epoch, positions=batch.positions, num_bins=a.trivial.num_bins)
-            images = trivial(images, ops, mags, mean=a.mean, std=a.std, interpolation=a.trivial.interpolation, fill=a.trivial.fill,
-                             pool=self.aug_pool)  # fmt: skip
+            images = trivial(images, ops, mags, mean=a.mean, std=a.std, interpolation=a.trivial.interpolation, fill=a.trivial.fill)
         if a.policy is not None:
             plans = plan(a.policy, seed=self.core.seed, epoch=self.epoch, positions=batch.positions)
-            images = policy(images, plans, library=a.policy.library, mean=a.mean, std=a.std, fill=a.policy.fill,
-                            pool=self.aug_pool)  # fmt: skip
+            images = policy(images, plans, library=a.policy.library, mean=a.mean, std=a.std, fill=a.policy.fill)
         if a.jitter is not None or a.grayscale > 0:
             order, factors, gray = color_params(
                 seed=self.core.seed, epoch=self.epoch, positions=batch.positions,

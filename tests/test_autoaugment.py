@@ -307,42 +307,6 @@ def test_torchvisions_random_value_is_pixel_noise_and_erasing_settings_are_check
         Erasing(count=(2, 1))
 
 
-# ----------------------------------------------------------------------------- the per-image thread pool
-
-
-def test_per_image_operations_in_a_thread_pool_give_the_same_images(pixel_dataset):
-    """The CPU batch's per-image operations run across a DecodePool's threads: the same pixels as in one
-    thread (batchaug directly, TrivialAugmentWide and a timm policy), and the same batches from a loader with
-    num_threads=2 (a pool) as with num_threads=1 (none)."""
-    from fastload.batchaug import trivial
-    from fastload.host import DecodePool
-
-    with FastLoader(pixel_dataset.packed, 24, device="cpu", crop=24, seed=4, flip=0.0) as b:
-        x, _ = next(iter(b))
-    pol = translate(T.Compose([T.RandomResizedCrop(24), _timm_policy("rand-m9-mstd0.5-inc1", 24), T.ToTensor(),
-                               T.Normalize(MEAN, STD)])).policy  # fmt: skip
-    plans = plan(pol, seed=1, epoch=0, positions=np.arange(24))
-    ops, mags = np.arange(24) % 14, np.linspace(-0.5, 0.5, 24)
-    pool = DecodePool(3, name="test-augment")
-    try:
-        for pooled in (pool, None):
-            got = run_policy(x.clone(), plans, library="timm", mean=MEAN, std=STD, fill=pol.fill, pool=pooled)
-            tri = trivial(x.clone(), ops, np.where(np.isin(ops, (10,)), 6.0, mags), mean=MEAN, std=STD,
-                          interpolation="nearest", fill=None, pool=pooled)  # fmt: skip
-            if pooled is pool:
-                first = (got, tri)
-        assert torch.equal(first[0], got) and torch.equal(first[1], tri) and not torch.equal(got, x)
-    finally:
-        pool.close()
-    tf = T.Compose([T.RandomResizedCrop(24), _timm_policy("rand-m9-mstd0.5-inc1", 24), T.ToTensor(),
-                    T.Normalize(MEAN, STD), TimmErasing(0.5, mode="pixel", device="cpu")])  # fmt: skip
-    runs = []
-    for threads in (1, 2):
-        with FastLoader(pixel_dataset.packed, 8, device="cpu", transform=tf, seed=3, num_threads=threads) as ld:
-            runs.append(torch.cat([x for x, _ in ld]))
-    assert torch.equal(runs[0], runs[1])
-
-
 @pytest.mark.gpu
 def test_policies_and_noise_erasing_on_cuda_batches(pixel_dataset):
     """On CUDA: a planned timm policy gives the CPU path's pixels (the images go to the host for it, within
