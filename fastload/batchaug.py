@@ -126,9 +126,10 @@ def trivial(
         x = images[k]
         u8 = x if mean is None else ((x.float() * s + m) * 255.0).round_().clamp_(0, 255).to(torch.uint8)
         name, mag = TRIVIAL_OPS[int(ops[k])][0], float(mags[k])
-        if on_cpu:  # PIL's single-threaded C, as a DataLoader worker runs it on the PIL image (torch's small
-            # per-image kernels beside DALI's threads spin in its intra-op pool: 50x slower measured)
-            out = _pil_op(u8, name, mag, mode, filled)
+        if on_cpu or interpolation == "bicubic":  # PIL's single-threaded C, as a DataLoader worker runs it on
+            # the PIL image (torch's small per-image kernels beside DALI's threads spin in its intra-op pool: 50x
+            # slower measured; torch's tensor affine has no bicubic)
+            out = _pil_op(u8.cpu(), name, mag, mode, filled).to(images.device)
         else:
             out = _trivial_op(u8, name, mag, mode, filled)
         images[k] = out if mean is None else ((out.float() / 255.0 - m) / s).to(images.dtype)

@@ -49,8 +49,8 @@ def _tv_interpolation(t: Any) -> str:
     mode = getattr(t, "interpolation", "nearest")
     name = getattr(mode, "value", mode)
     name = str(name).lower()
-    if name not in ("nearest", "bilinear"):
-        raise ConfigError(f"interpolation {name.upper()} for its geometric operations: use NEAREST or BILINEAR")
+    if name not in ("nearest", "bilinear", "bicubic"):
+        raise ConfigError(f"interpolation {name.upper()} for its geometric operations: use NEAREST, BILINEAR or BICUBIC")
     return name
 
 

@@ -50,7 +50,8 @@ class Trivial:
 
     Args:
         num_bins: its ``num_magnitude_bins``.
-        interpolation: ``"nearest"`` (its default) or ``"bilinear"``, for the geometric operations.
+        interpolation: ``"nearest"`` (its default), ``"bilinear"`` or ``"bicubic"`` (torchvision's references
+            pass their ``--interpolation``), for the geometric operations (bicubic: on the PIL image, also on CUDA).
         fill: the value of pixels the geometric operations uncover (0..255), one or one per channel; None: 0.
     """
 
@@ -60,8 +61,8 @@ class Trivial:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "num_bins", as_int("trivial num_bins", self.num_bins, lo=2, hi=1024))
-        if self.interpolation not in ("nearest", "bilinear"):
-            raise ConfigError(f"trivial interpolation must be 'nearest' or 'bilinear', got {self.interpolation!r}")
+        if self.interpolation not in ("nearest", "bilinear", "bicubic"):
+            raise ConfigError(f"trivial interpolation must be 'nearest', 'bilinear' or 'bicubic', got {self.interpolation!r}")
         if self.fill is not None:
             f = self.fill if isinstance(self.fill, (tuple, list)) else (self.fill,)
             try:

@@ -343,3 +343,29 @@ def test_auto_augments_on_float_or_tensor_images_are_refused(steps, message):
         translate(T.Compose([T.RandomResizedCrop(24), *steps]))
     ok = translate(T.Compose([T.RandomResizedCrop(24), T.PILToTensor(), T.RandAugment()]))  # uint8 tensors: fine
     assert ok.policy is not None
+
+
+@pytest.mark.parametrize("op", ["ShearX", "ShearY", "TranslateX", "Rotate"])
+def test_bicubic_geometric_operations_are_torchvisions(pixel_dataset, op):
+    """torchvision's references pass --interpolation to TrivialAugmentWide, RandAugment and AutoAugment: their
+    bicubic geometric operations against torchvision's _apply_op with BICUBIC on the PIL image of each crop."""
+    from torchvision.transforms import InterpolationMode, autoaugment
+
+    from fastload.batchaug import trivial
+    from fastload.augment import TRIVIAL_OPS
+
+    with FastLoader(pixel_dataset.packed, 24, device="cpu", crop=24, seed=4, flip=0.0, mean=None, std=None) as b:
+        u8, _ = next(iter(b))
+    mags = np.linspace(-0.6, 0.6, 24) * (40.0 if op == "Rotate" else 12.0 if op == "TranslateX" else 1.0)
+    ops = np.full(24, [n for n, _ in TRIVIAL_OPS].index(op))
+    ta = trivial(u8.clone(), ops, mags, mean=None, std=None, interpolation="bicubic", fill=None)
+    ra = run_policy(u8.clone(), [[(op, (float(m),), "bicubic")] for m in mags], library="torchvision", mean=None, std=None, fill=None)
+    for j in range(24):
+        want = autoaugment._apply_op(Image.fromarray(u8[j].permute(1, 2, 0).numpy()), op, float(mags[j]),
+                                     interpolation=InterpolationMode.BICUBIC, fill=None)  # fmt: skip
+        want = torch.from_numpy(np.array(want)).permute(2, 0, 1)
+        assert torch.equal(ta[j], want) and torch.equal(ra[j], want), (op, j)
+    for t in (T.TrivialAugmentWide(interpolation=InterpolationMode.BICUBIC), T.RandAugment(interpolation=InterpolationMode.BICUBIC),
+              T.AutoAugment(interpolation=InterpolationMode.BICUBIC)):  # fmt: skip
+        a = translate(T.Compose([T.RandomResizedCrop(24, interpolation=InterpolationMode.BICUBIC), t, T.PILToTensor()]))
+        assert (a.trivial.interpolation if a.trivial else a.policy.interpolation[0]) == "bicubic"
