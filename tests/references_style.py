@@ -35,9 +35,15 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 class PresetTrain:
-    def __init__(self, *, crop_size, interpolation, random_erase_prob=0.0):
-        steps = [T.RandomResizedCrop(crop_size, interpolation=interpolation, antialias=True), T.RandomHorizontalFlip(0.5),
-                 T.PILToTensor(), T.ToDtype(torch.float, scale=True), T.Normalize(mean=MEAN, std=STD)]  # fmt: skip
+    def __init__(self, *, crop_size, interpolation, random_erase_prob=0.0, auto_augment_policy=None):
+        steps = [T.RandomResizedCrop(crop_size, interpolation=interpolation, antialias=True), T.RandomHorizontalFlip(0.5)]
+        if auto_augment_policy == "ra":  # the preset hands its interpolation on to the auto-augment
+            steps.append(T.RandAugment(interpolation=interpolation, magnitude=9))
+        elif auto_augment_policy == "ta_wide":
+            steps.append(T.TrivialAugmentWide(interpolation=interpolation))
+        elif auto_augment_policy is not None:
+            steps.append(T.AutoAugment(policy=T.AutoAugmentPolicy(auto_augment_policy), interpolation=interpolation))
+        steps += [T.PILToTensor(), T.ToDtype(torch.float, scale=True), T.Normalize(mean=MEAN, std=STD)]
         if random_erase_prob > 0:
             steps.append(T.RandomErasing(p=random_erase_prob))
         steps.append(T.ToPureTensor())
@@ -59,12 +65,13 @@ class PresetEval:
 
 
 def run(data, *, loader: str, epochs=3, batch_size=6, train_crop=24, val_resize=28, val_crop=24, interpolation="bilinear",
-        random_erase=0.0, mixup_alpha=0.0, cutmix_alpha=0.0, seed=0) -> dict:  # fmt: skip
+        random_erase=0.0, mixup_alpha=0.0, cutmix_alpha=0.0, auto_augment=None, seed=0, lr=0.2) -> dict:  # fmt: skip
     """Train a tiny model for ``epochs`` and evaluate it; what it saw and scored, for comparison."""
     Loader = fastload.FastLoader if loader == "fastload" else torch.utils.data.DataLoader
     torch.manual_seed(seed)
     interp = InterpolationMode(interpolation)
-    train_ds = datasets.ImageFolder(f"{data}/train", PresetTrain(crop_size=train_crop, interpolation=interp, random_erase_prob=random_erase))
+    train_ds = datasets.ImageFolder(f"{data}/train", PresetTrain(crop_size=train_crop, interpolation=interp, random_erase_prob=random_erase,
+                                                                 auto_augment_policy=auto_augment))  # fmt: skip
     val_ds = datasets.ImageFolder(f"{data}/val", PresetEval(crop_size=val_crop, resize_size=val_resize, interpolation=interp))
     num_classes = len(train_ds.classes)
     collate_fn = None
@@ -89,7 +96,7 @@ def run(data, *, loader: str, epochs=3, batch_size=6, train_crop=24, val_resize=
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, num_classes))
     if dist:
         model = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     out = {"batches": [], "samples": [], "loss": [], "soft_targets": 0}
     for epoch in range(epochs):
         if train_sampler is not None:

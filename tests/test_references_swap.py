@@ -32,6 +32,10 @@ CONFIGS = {
     "random-erase": {"random_erase": 0.25},
     "mixup-cutmix": {"mixup_alpha": 0.2, "cutmix_alpha": 1.0},
     "val-sizes": {"train_crop": 20, "val_resize": 32, "val_crop": 28},
+    # (the auto-augments at a smaller learning rate: at 0.2 the tiny model diverges on either loader)
+    "ta-wide-erase": {"auto_augment": "ta_wide", "random_erase": 0.25, "lr": 0.05},
+    "ra-bicubic": {"auto_augment": "ra", "interpolation": "bicubic", "lr": 0.05},
+    "autoaugment-imagenet": {"auto_augment": "imagenet", "lr": 0.05},
 }
 
 
