@@ -173,6 +173,7 @@ class Proxy:
         self.drop = False
         self.drop_after = 64
         self.dropped = 0
+        self.requests: list[str] = []  # "METHOD /path" of each HTTP request seen, in order
         self._sock = socket.socket()
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
@@ -211,6 +212,9 @@ class Proxy:
                     data = c.recv(65536)
                     if not data:
                         break
+                    head = data[:300].split(b"\r\n", 1)[0].decode("latin-1", "replace").split(" ")
+                    if len(head) == 3 and head[2].startswith("HTTP/"):
+                        self.requests.append(f"{head[0]} {head[1].split('?')[0]}")
                     if self.delay:
                         time.sleep(self.delay)
                     s.sendall(data)
