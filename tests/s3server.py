@@ -237,15 +237,18 @@ class Proxy:
                 if drop:
                     c.sendall(data[: max(0, self.drop_after - sent)])
                     self.dropped += 1
-                    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
                     break
                 c.sendall(data)
                 sent += len(data)
         except OSError:
             pass
         finally:
-            c.close()
-            s.close()
+            for sock in (c, s):  # shutdown wakes the other thread's recv; close alone would not
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                sock.close()
 
     def close(self) -> None:
         self._stop.set()

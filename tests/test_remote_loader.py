@@ -1,0 +1,258 @@
+"""FastLoader over ``s3://`` against a real S3 server (SeaweedFS): the same batches as over a local copy,
+the cache's size limit, ranks sharing a cache, and a server that dies, comes back, stalls or cuts
+connections.
+
+Images are solid colours whose pixels encode (label, index) (``conftest.encode_color``): "every
+sample once" is read from the pixels of the batches, not from the loader's bookkeeping.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload import IMAGENET_MEAN, IMAGENET_STD, FastLoader
+from fastload.errors import FastloadError, RemoteError
+
+from conftest import decode_batch, encode_color, write_image
+from s3server import Proxy, SeaweedServer
+
+pytest.importorskip("obstore")
+
+N_CLASSES, PER_CLASS = 3, 12  # 36 images, 64x48 JPEGs of ~1 KB: 4 per 16 KB shard
+SHARD_SIZE = "16KB"
+
+
+def make_images(root: Path) -> Path:
+    i = 0
+    for label in range(N_CLASSES):
+        for j in range(PER_CLASS):
+            write_image(root / f"class_{label}" / f"img_{j:03d}.jpg", encode_color(label, i), size=(64, 48))
+            i += 1
+    return root
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    server = SeaweedServer(tmp_path_factory.mktemp("weed"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fresh_s3(tmp_path):
+    """A server of this test's own, for tests that kill it."""
+    server = SeaweedServer(tmp_path / "weed")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    return make_images(tmp_path_factory.mktemp("images"))
+
+
+@pytest.fixture(autouse=True)
+def cache_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTLOAD_CACHE", str(tmp_path / "cache"))
+
+
+def upload(server: SeaweedServer, images: Path, prefix: str = "train") -> str:
+    bucket = server.make_bucket()
+    url = f"s3://{bucket}/{prefix}"
+    fastload.pack(images, url, shard_size=SHARD_SIZE, storage_options=server.options(), progress=False)
+    return url
+
+
+@pytest.fixture(scope="module")
+def remote(s3, images, tmp_path_factory):
+    os.environ["FASTLOAD_CACHE"] = str(tmp_path_factory.mktemp("packcache"))
+    url = upload(s3, images)
+    local = tmp_path_factory.mktemp("local") / "train"
+    fastload.pack(images, local, shard_size=SHARD_SIZE, progress=False)
+    del os.environ["FASTLOAD_CACHE"]
+    return {"url": url, "local": local}
+
+
+def decoded(batches) -> list[tuple[int, int]]:
+    out = []
+    for x, y in batches:
+        dec = decode_batch(x.float().numpy(), IMAGENET_MEAN, IMAGENET_STD)
+        assert [d[0] for d in dec] == y.tolist()  # the label tensor agrees with the pixels
+        out += dec
+    return out
+
+
+def every_sample_once(got: list[tuple[int, int]]) -> bool:
+    expected = sorted((i // PER_CLASS, i) for i in range(N_CLASSES * PER_CLASS))
+    return sorted(got) == expected
+
+
+# ------------------------------------------------------------------ the same batches
+def test_batches_len_and_resume_are_those_of_a_local_copy(s3, remote, tmp_path):
+    kw = dict(device="cpu", crop=32, seed=3, train=True)
+    with FastLoader(remote["local"], 5, **kw) as ref_loader:
+        ref_loader.set_epoch(1)
+        ref = [(x.clone(), y.clone()) for x, y in ref_loader]
+        n_ref = len(ref_loader)
+    opts = dict(storage_options=s3.options(), cache_dir=tmp_path / "c")
+    with FastLoader(remote["url"], 5, **kw, **opts) as a:
+        assert len(a) == n_ref and a.classes == ref_loader.classes
+        a.set_epoch(1)
+        it = iter(a)
+        first = [next(it) for _ in range(3)]
+        state = json.loads(json.dumps(a.state_dict()))
+    with FastLoader(remote["url"], 5, **kw, **opts) as b:
+        b.load_state_dict(state)
+        rest = list(b)
+    got = first + rest
+    assert len(got) == len(ref)
+    for (x1, y1), (x2, y2) in zip(got, ref):  # bit-identical on the CPU path
+        assert torch.equal(y1, y2) and torch.equal(x1, x2)
+    assert every_sample_once(decoded(got))
+
+
+def test_a_loader_of_a_url_pickles_to_the_url_not_the_cache(s3, remote, tmp_path):
+    import pickle
+
+    with FastLoader(remote["url"], 6, device="cpu", crop=32, train=False, storage_options=s3.options(),
+                    cache_dir=tmp_path / "c") as a:  # fmt: skip
+        ref = list(a)
+        b = pickle.loads(pickle.dumps(a))
+    with b:
+        assert b.packed.url == remote["url"]
+        got = list(b)
+    assert all(torch.equal(x1, x2) for (x1, _), (x2, _) in zip(ref, got))
+
+
+# ------------------------------------------------------------------ the cache
+def cache_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.name.endswith(".lock"))
+
+
+def test_the_cache_stays_within_its_limit_and_downloads_each_shard_once(s3, remote, tmp_path):
+    cache = tmp_path / "c"
+    ds = fastload.Dataset(remote["url"], storage_options=s3.options(), cache_dir=cache)
+    sizes = [s.bytes for s in ds.manifest.shards]
+    total, biggest = sum(sizes), max(sizes)
+    limit = total // 2
+    samples, stop = [], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            try:
+                samples.append(cache_bytes(cache / "remote"))
+            except FileNotFoundError:
+                pass  # a file deleted while listed
+            time.sleep(0.002)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        with FastLoader(remote["url"], 2, device="cpu", crop=32, train=False, shuffle=False, cache_limit=limit,
+                        storage_options=s3.options(), cache_dir=cache) as loader:  # fmt: skip
+            got = decoded(loader)
+    finally:
+        stop.set()
+        t.join()
+    assert every_sample_once(got)
+    meta = sum(p.stat().st_size for p in (ds.path).iterdir() if p.is_file() and not p.name.startswith("shard-"))
+    assert samples and max(samples) <= limit + biggest + meta, (max(samples), limit, biggest)
+    assert max(samples) < total  # shards were deleted on the way: the whole dataset was never there at once
+    lines = (ds.path / ".downloads").read_text().split()
+    shard_files = [w for w in lines if w.startswith("shard-")]
+    assert sorted(shard_files) == sorted(s.file for s in ds.manifest.shards)  # each once, in order of use
+
+
+def _rank(url: str, options: dict, cache: str, rank: int, out: str) -> None:
+    ds = fastload.Dataset(url, storage_options=options, cache_dir=cache)
+    order = list(range(len(ds)))[rank::2]
+    for i in order:
+        ds[i]
+    Path(out).write_text(json.dumps([int(ds.labels[i]) for i in order]))
+
+
+def test_two_ranks_of_a_node_download_each_shard_once(s3, remote, tmp_path):
+    cache = str(tmp_path / "node")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_rank, args=(remote["url"], s3.options(), cache, r, str(tmp_path / f"r{r}"))) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    root = next((Path(cache) / "remote").glob("*/*/.downloads")).read_text().split("\n")
+    files = [line.split()[0] for line in root if line]
+    ds = fastload.Dataset(remote["local"])
+    assert sorted(files) == sorted(s.file for s in ds.manifest.shards)  # once each, though both ranks read all
+
+
+# ------------------------------------------------------------------ failures
+def test_a_server_restarted_mid_epoch_costs_nothing(fresh_s3, images, tmp_path):
+    url = upload(fresh_s3, images)
+    loader = FastLoader(url, 3, device="cpu", crop=32, train=False, shuffle=False, cache_limit=40_000,
+                        storage_options=fresh_s3.options(), cache_dir=tmp_path / "c", retry_deadline=60)  # fmt: skip
+    with loader:
+        it = iter(loader)
+        got = decoded([next(it)])
+        fresh_s3.stop()  # the rest of the epoch must still be downloaded: the cache holds about 2 shards
+        threading.Timer(3.0, fresh_s3.start).start()
+        t0 = time.monotonic()
+        got += decoded(it)
+    assert every_sample_once(got)
+    assert time.monotonic() - t0 < 60
+
+
+def test_a_dead_server_is_an_error_within_the_deadline(fresh_s3, images, tmp_path):
+    url = upload(fresh_s3, images)
+    opts = fresh_s3.options()
+    loader = FastLoader(url, 3, device="cpu", crop=32, train=False, shuffle=False, cache_limit=40_000,
+                        storage_options=opts, cache_dir=tmp_path / "c", retry_deadline=4)  # fmt: skip
+    with loader:
+        it = iter(loader)
+        next(it)
+        fresh_s3.stop()
+        t0 = time.monotonic()
+        with pytest.raises(FastloadError, match=rf"{url}/shard-\d+\.lmdb: GET failed \d+ time\(s\).*retry_deadline=4 s"):
+            for _ in it:
+                pass
+        assert time.monotonic() - t0 < 4 + 10
+    t0 = time.monotonic()
+    with pytest.raises(RemoteError, match=rf"{url}/manifest.json: GET failed .*the server does not answer"):
+        fastload.Dataset(url, storage_options=opts, cache_dir=tmp_path / "d", retry_deadline=3)
+    assert time.monotonic() - t0 < 3 + 5
+
+
+def test_a_slow_server_and_cut_connections(s3, remote, tmp_path):
+    proxy = Proxy("127.0.0.1", s3.ports["s3"], delay=0.02)  # 20 ms added to every request
+    try:
+        opts = s3.options(proxy.endpoint)
+        with FastLoader(remote["url"], 4, device="cpu", crop=32, train=False, storage_options=opts,
+                        cache_dir=tmp_path / "slow") as loader:  # fmt: skip
+            assert every_sample_once(decoded(loader))
+        proxy.delay = 0.0
+        proxy.drop = True  # every answer cut after 64 bytes, for 2 s
+        threading.Timer(2.0, lambda: setattr(proxy, "drop", False)).start()
+        t0 = time.monotonic()
+        ds = fastload.Dataset(remote["url"], storage_options=opts, cache_dir=tmp_path / "cut", retry_deadline=30)
+        got = [ds[i][1] for i in range(len(ds))]
+        assert got == [i // PER_CLASS for i in range(len(ds))] and proxy.dropped > 0
+        assert time.monotonic() - t0 < 30
+        proxy.drop = True  # cut for good: an error within the deadline, never a hang
+        t0 = time.monotonic()
+        with pytest.raises(RemoteError, match="GET failed"):
+            fastload.Dataset(remote["url"], storage_options=opts, cache_dir=tmp_path / "cut2", retry_deadline=3)
+        assert time.monotonic() - t0 < 3 + 5
+    finally:
+        proxy.close()
