@@ -175,9 +175,10 @@ def test_the_cache_stays_within_its_limit_and_downloads_each_shard_once(s3, remo
     assert sorted(shard_files) == sorted(s.file for s in ds.manifest.shards)  # each once, in order of use
 
 
-def _rank(url: str, options: dict, cache: str, rank: int, out: str) -> None:
+def _rank(url: str, options: dict, cache: str, rank: int, out: str, start_at: float) -> None:
     ds = fastload.Dataset(url, storage_options=options, cache_dir=cache)
-    order = list(range(len(ds)))[rank::2]
+    time.sleep(max(0.0, start_at - time.time()))  # both ranks ask for the same shards at once
+    order = list(range(len(ds)))  # both ranks read every shard, in the same order, at the same time
     for i in order:
         ds[i]
     Path(out).write_text(json.dumps([int(ds.labels[i]) for i in order]))
@@ -185,17 +186,25 @@ def _rank(url: str, options: dict, cache: str, rank: int, out: str) -> None:
 
 def test_two_ranks_of_a_node_download_each_shard_once(s3, remote, tmp_path):
     cache = str(tmp_path / "node")
+    proxy = Proxy("127.0.0.1", s3.ports["s3"], delay=0.05)  # each download slow enough for both to want it
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank, args=(remote["url"], s3.options(), cache, r, str(tmp_path / f"r{r}"))) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-        assert p.exitcode == 0
+    start_at = time.time() + 8
+    procs = [ctx.Process(target=_rank, args=(remote["url"], s3.options(proxy.endpoint), cache, r,
+                                             str(tmp_path / f"r{r}"), start_at)) for r in (0, 1)]  # fmt: skip
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+            assert p.exitcode == 0
+    finally:
+        proxy.close()
     root = next((Path(cache) / "remote").glob("*/*/.downloads")).read_text().split("\n")
     files = [line.split()[0] for line in root if line]
     ds = fastload.Dataset(remote["local"])
     assert sorted(files) == sorted(s.file for s in ds.manifest.shards)  # once each, though both ranks read all
+    for r in (0, 1):
+        assert json.loads((tmp_path / f"r{r}").read_text()) == [int(v) for v in ds.labels]
 
 
 # ------------------------------------------------------------------ failures
