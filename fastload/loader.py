@@ -209,6 +209,13 @@ def _translated(transform: Any) -> Augment | None:
     return translate(transform)
 
 
+def _remote_options(dataset: Any, **options: Any) -> dict[str, Any]:
+    """FastLoader's settings for a dataset URL (``s3://...``): refused for anything else."""
+    if not is_url(dataset) and any(v is not None for v in options.values()):
+        raise ConfigError(f"{', '.join(k for k, v in options.items() if v is not None)}: only for a dataset URL (s3://...)")
+    return options
+
+
 def _resolve_source(dataset: Any, transform: Any) -> _Source:
     if isinstance(dataset, (str, os.PathLike)):
         return _Source("path", dataset, _translated(transform), transform)
@@ -331,9 +338,13 @@ class FastLoader:
         check: verify each record's payload checksum before decoding (XXH3, about 2 us per
             100 KB; CRC-32 in format-1 datasets), reporting altered bytes with the sample.
         target_transform: applied to every label once (a torchvision dataset's own is used by default).
-        cache_dir: where a torchvision dataset is packed (default ``$FASTLOAD_CACHE`` or
-            ``~/.cache/fastload``).
+        cache_dir: where a torchvision dataset is packed, and where a dataset URL's shards are
+            downloaded (default ``$FASTLOAD_CACHE`` or ``~/.cache/fastload``).
         progress: show a progress bar while a torchvision dataset is packed.
+        cache_limit, storage_options, retry_deadline: for a dataset URL (``s3://bucket/prefix``,
+            ``gs://``, ``az://``, ``https://``): the node cache's size limit (bytes or ``"50GB"``),
+            the object store's endpoint and credentials, and the seconds a request is retried for
+            (default 180); see ``docs/loader.md``, "Many nodes".
     """
     def __init__(
         self,
@@ -420,11 +431,8 @@ class FastLoader:
         register_exit_hook()  # after DALI's own (see fastload.core)
 
         # 3. the dataset, its labels, and this rank's plan of each epoch
-        remote = {"cache_limit": cache_limit, "storage_options": storage_options, "retry_deadline": retry_deadline}
-        if not is_url(dataset) and any(v is not None for v in remote.values()):
-            raise ConfigError("cache_limit, storage_options and retry_deadline apply only to a dataset URL (s3://...)")
-        packed = self._open(source, check=check, cache_dir=cache_dir, progress=progress, user_batches=user_batches,
-                            remote=remote)  # fmt: skip
+        remote = _remote_options(dataset, cache_limit=cache_limit, storage_options=storage_options, retry_deadline=retry_deadline)
+        packed = self._open(source, check=check, cache_dir=cache_dir, progress=progress, user_batches=user_batches, remote=remote)
         if order == "block" and block_size is None:  # runs of about 8 MiB of records
             block_size = block_size_for(sum(sh.bytes for sh in packed.manifest.shards) / len(packed))
         if order == "block" and window is None:
@@ -443,8 +451,7 @@ class FastLoader:
             "transform": augment, "device": None if device is None else str(self.device),
             "num_threads": self.num_threads, "prefetch": prefetch, "seed": seed, "rank": rank, "world_size": world_size,
             "pad": pad, "order": order, "block_size": block_size, "window": window, "hw_decoder_load": hw_decoder_load,
-            "check": check, "target_transform": target_transform,
-            **({"cache_dir": cache_dir, **remote} if getattr(packed, "url", None) else {}),
+            "check": check, "target_transform": target_transform, **({"cache_dir": cache_dir, **remote} if getattr(packed, "url", None) else {}),
         }  # fmt: skip
         self._given = {k: v for k, v in given.items() if _given(k, v)}  # they override a transform assigned later
         self.dataset = LoaderDataset(

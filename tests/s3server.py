@@ -12,6 +12,7 @@ test, for tests that kill it) are defined in ``tests/test_remote_*`` through :fu
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -66,8 +67,9 @@ def free_ports(n: int) -> list[int]:
 class SeaweedServer:
     """One ``weed mini`` process (master, volume, filer and S3 gateway) on 127.0.0.1."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, identities: list[dict] | None = None) -> None:
         self.root = Path(root)
+        self.identities = identities  # SeaweedFS -s3.config identities; None: any credentials accepted
         self.root.mkdir(parents=True, exist_ok=True)
         names = ["master", "volume", "filer", "webdav", "s3", "admin"]
         ports = free_ports(2 * len(names))
@@ -101,6 +103,10 @@ class SeaweedServer:
             args.append(f"-{name}.port={self.ports[name]}")
             if name != "webdav":
                 args.append(f"-{name}.port.grpc={self.grpc[name]}")
+        if self.identities is not None:
+            cfg = self.root / "s3.json"
+            cfg.write_text(json.dumps({"identities": self.identities}))
+            args.append(f"-s3.config={cfg}")
         (self.root / "data").mkdir(exist_ok=True)
         logf = open(self.log, "ab")
         self.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
@@ -125,7 +131,10 @@ class SeaweedServer:
         deadline = time.monotonic() + 30
         while True:
             try:
-                self.make_bucket("fastload-probe")
+                if self.identities is None:
+                    self.make_bucket("fastload-probe")
+                else:  # anonymous requests are refused: the gateway's first answer is enough
+                    time.sleep(2.0)
                 return
             except Exception:
                 if time.monotonic() > deadline:

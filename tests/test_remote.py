@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -239,3 +240,35 @@ def test_remote_options_are_checked_up_front(tmp_path, packed, s3):
         fastload.Dataset(packed["local"], cache_limit="1GB")
     with pytest.raises(ConfigError, match="storage_options must be a dict"):
         fastload.Dataset(packed["url"], storage_options="endpoint")
+
+
+def test_wrong_credentials_and_access_denied_are_errors_at_once(tmp_path, images):
+    """A server with identities (SeaweedFS ``-s3.config``): a wrong secret and a read-only identity
+    writing are RemoteErrors naming the URL, without the retries a dead server gets."""
+    server = SeaweedServer(tmp_path / "weed")
+    server.start()
+    try:
+        bucket = server.make_bucket()
+        url = f"s3://{bucket}/d"
+        fastload.pack(images, url, shard_size="4KB", storage_options=server.options(), progress=False)
+    finally:
+        server.stop()
+    server.identities = [
+        {"name": "admin", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}], "actions": ["Admin", "Read", "Write", "List"]},
+        {"name": "reader", "credentials": [{"accessKey": "reader", "secretKey": "reader-secret"}], "actions": ["Read", "List"]},
+    ]  # fmt: skip
+    server.start()
+    try:
+        ds = fastload.Dataset(url, storage_options=server.options(), retry_deadline=60)
+        assert len(ds) == N_CLASSES * PER_CLASS
+        wrong = dict(server.options(), secret_access_key="not-the-secret")
+        t0 = time.monotonic()
+        with pytest.raises(RemoteError, match=rf"{url}/manifest.json: GET refused .*check the credentials"):
+            fastload.Dataset(url, storage_options=wrong, retry_deadline=60, cache_dir=tmp_path / "c1")
+        reader = dict(server.options(), access_key_id="reader", secret_access_key="reader-secret")
+        assert len(fastload.Dataset(url, storage_options=reader, retry_deadline=60, cache_dir=tmp_path / "c2")) == len(ds)
+        with pytest.raises(RemoteError, match=rf"s3://{bucket}/w.*refused"):
+            fastload.pack(images, f"s3://{bucket}/w", shard_size="4KB", storage_options=reader, progress=False)
+        assert time.monotonic() - t0 < 30  # no retrying for a minute
+    finally:
+        server.stop()

@@ -216,9 +216,13 @@ def test_a_server_restarted_mid_epoch_costs_nothing(fresh_s3, images, tmp_path):
         it = iter(loader)
         got = decoded([next(it)])
         fresh_s3.stop()  # the rest of the epoch must still be downloaded: the cache holds about 2 shards
-        threading.Timer(3.0, fresh_s3.start).start()
+        restart = threading.Timer(3.0, fresh_s3.start)
+        restart.start()
         t0 = time.monotonic()
-        got += decoded(it)
+        try:
+            got += decoded(it)
+        finally:
+            restart.join()  # before the fixture stops it for good
     assert every_sample_once(got)
     assert time.monotonic() - t0 < 60
 
@@ -265,3 +269,59 @@ def test_a_slow_server_and_cut_connections(s3, remote, tmp_path):
         assert time.monotonic() - t0 < 3 + 5
     finally:
         proxy.close()
+
+
+@pytest.mark.slow
+def test_two_nodes_of_two_ranks_under_torchrun(s3, remote, tmp_path):
+    """Two nodes simulated as two cache directories, two ranks each, one torchrun of 4 ranks: every
+    sample read exactly once per epoch across the 4 ranks; each node downloads each shard at most
+    once, and only the shards its own ranks read."""
+    import subprocess
+    import sys
+
+    tests = Path(__file__).parent
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
+           str(tests / "remote_dist_worker.py"), remote["url"], json.dumps(s3.options()), str(tmp_path / "nodes"), str(out)]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tests.parent), str(tests)]))
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+    n = N_CLASSES * PER_CLASS
+    ds = fastload.Dataset(remote["local"])
+    firsts = [s.first for s in ds.manifest.shards]
+    for epoch in ("0", "1"):
+        assert sorted(i for r in ranks for i in r[epoch]) == list(range(n))  # exactly once, from the pixels
+    for node in (0, 1):
+        lines = next((tmp_path / "nodes" / f"node{node}" / "remote").glob("*/*/.downloads")).read_text().split("\n")
+        files = [line.split()[0] for line in lines if line]
+        assert len(files) == len(set(files))  # at most once per node
+        read = {int(np.searchsorted(firsts, i, side="right") - 1) for r in ranks[2 * node : 2 * node + 2]
+                for e in ("0", "1") for i in r[e]}  # fmt: skip
+        assert set(files) == {ds.manifest.shards[k].file for k in read}
+
+
+def test_shards_are_fetched_in_the_order_the_epoch_first_needs_them(s3, remote, tmp_path):
+    """The GETs the server sees (through the proxy) follow the order in which the shuffled epoch's
+    batches first touch each shard, read back from the batches' pixels: within a few places (the
+    read-ahead and the prefetch threads fetch a few at once)."""
+    proxy = Proxy("127.0.0.1", s3.ports["s3"], delay=0.01)
+    try:
+        with FastLoader(remote["url"], 4, device="cpu", crop=32, train=False, shuffle=True, seed=11,
+                        storage_options=s3.options(proxy.endpoint), cache_dir=tmp_path / "c") as loader:  # fmt: skip
+            got = decoded(loader)
+    finally:
+        proxy.close()
+    assert every_sample_once(got)
+    firsts = [s.first for s in fastload.Dataset(remote["local"]).manifest.shards]
+    first_use: list[int] = []
+    for _label, i in got:  # the epoch's order, from the pixels
+        k = int(np.searchsorted(firsts, i, side="right") - 1)
+        if k not in first_use:
+            first_use.append(k)
+    fetched = [int(r.rsplit("shard-", 1)[1].split(".")[0]) for r in proxy.requests
+               if r.startswith("GET ") and "/shard-" in r]  # fmt: skip
+    assert sorted(fetched) == sorted(first_use)  # each once
+    where = {k: p for p, k in enumerate(fetched)}
+    assert max(abs(where[k] - p) for p, k in enumerate(first_use)) <= 6, (first_use, fetched)

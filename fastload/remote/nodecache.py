@@ -153,7 +153,8 @@ class RemoteShards:
     def _reset(self) -> None:
         self._pins: dict[int, _Flock] = {}
         self._bad: dict[int, BaseException] = {}
-        self._klocks: dict[int, threading.Lock] = collections.defaultdict(threading.Lock)
+        n = 0 if self.manifest is None else len(self.manifest.shards)
+        self._klocks: list[threading.Lock] = [threading.Lock() for _ in range(n)]  # one per shard, made up front
         self._mutex = threading.Lock()
         self._uses: dict[int, np.ndarray] = {}
         self._pos = 0
@@ -209,6 +210,7 @@ class RemoteShards:
             finally:
                 meta.close()
         self.manifest, self.root = manifest, root
+        self._klocks = [threading.Lock() for _ in manifest.shards]
         return root
 
     def _write_atomic(self, path: Path, data: bytes) -> None:
@@ -423,14 +425,19 @@ class RemoteShards:
             self._queue = order
             self._cond.notify_all()
         self._start_workers()
-        for pos, b in enumerate(ahead(batches)):
-            with self._cond:
-                self._pos = pos
+        try:
+            for pos, b in enumerate(ahead(batches)):
+                with self._cond:
+                    self._pos = pos
+                    self._cond.notify_all()
+                for k in self.pinned():
+                    if self._next_use(k) > pos + HOLD_BATCHES:
+                        release(k)
+                yield b
+        finally:
+            with self._cond:  # the epoch is over (or abandoned): its downloads ahead are not wanted
+                self._queue = []
                 self._cond.notify_all()
-            for k in self.pinned():
-                if self._next_use(k) > pos + HOLD_BATCHES:
-                    release(k)
-            yield b
 
     def _start_workers(self) -> None:
         with self._mutex:
@@ -448,9 +455,8 @@ class RemoteShards:
     def _prefetch_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stop and not self._queue:
-                    self._cond.wait(1.0)
-                if self._stop:
+                if self._stop or not self._queue:  # nothing left to fetch ahead this epoch
+                    self._workers = [t for t in self._workers if t is not threading.current_thread()]
                     return
                 k = self._queue.pop(0)
             if k in self._pins or k in self._bad or self._present(k):
