@@ -272,3 +272,25 @@ def test_wrong_credentials_and_access_denied_are_errors_at_once(tmp_path, images
         assert time.monotonic() - t0 < 30  # no retrying for a minute
     finally:
         server.stop()
+
+
+def test_without_the_client_a_url_is_a_dependency_error_naming_the_extra(tmp_path):
+    """obstore made unimportable (``sys.modules['obstore'] = None``) in a fresh interpreter: opening
+    a URL, and the CLI, say to install fastload[s3]; a local dataset still needs nothing of it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['obstore'] = None\n"
+        "import fastload\n"
+        "try:\n    fastload.Dataset('s3://bucket/prefix')\n"
+        "except fastload.DependencyError as e:\n    print('DEP', e)\n"
+        "from fastload.cli import main\n"
+        "print('RC', main(['inspect', 's3://bucket/prefix']))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent), FASTLOAD_CACHE=str(tmp_path))
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert 'DEP reading or writing an object store' in res.stdout and 'pip install "fastload[s3]"' in res.stdout
+    assert "RC 2" in res.stdout
+    err = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(err) == 1 and 'fastload[s3]' in err[0]
