@@ -451,7 +451,7 @@ class FastLoader:
             "transform": augment, "device": None if device is None else str(self.device),
             "num_threads": self.num_threads, "prefetch": prefetch, "seed": seed, "rank": rank, "world_size": world_size,
             "pad": pad, "order": order, "block_size": block_size, "window": window, "hw_decoder_load": hw_decoder_load,
-            "check": check, "target_transform": target_transform, **({"cache_dir": cache_dir, **remote} if getattr(packed, "url", None) else {}),
+            "check": check, "target_transform": target_transform, **(packed.remote.options if getattr(packed, "remote", None) else {}),
         }  # fmt: skip
         self._given = {k: v for k, v in given.items() if _given(k, v)}  # they override a transform assigned later
         self.dataset = LoaderDataset(

@@ -142,6 +142,8 @@ class RemoteShards:
         from ..errors import as_int
 
         self.url = parse_url(url)
+        self.options = {"cache_dir": cache_dir, "cache_limit": cache_limit, "storage_options": storage_options,
+                        "retry_deadline": retry_deadline}  # fmt: skip
         self.remote = RemoteStore(self.url, storage_options=storage_options, retry_deadline=retry_deadline)
         self.cache = cache_root(cache_dir)
         self.limit = parse_limit(cache_limit)
