@@ -295,3 +295,30 @@ def test_without_the_client_a_url_is_a_dependency_error_naming_the_extra(tmp_pat
     assert "RC 2" in res.stdout
     err = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(err) == 1 and 'fastload[s3]' in err[0]
+
+
+def test_an_http_url_is_read_only(tmp_path, images):
+    """``http://host/bucket/prefix`` (a server that lets anyone read: SeaweedFS's anonymous identity
+    with Read): the same records as through s3://; packing to it is refused up front."""
+    server = SeaweedServer(tmp_path / "weed")
+    server.start()
+    try:
+        bucket = server.make_bucket()
+        fastload.pack(images, f"s3://{bucket}/d", shard_size="4KB", storage_options=server.options(), progress=False)
+    finally:
+        server.stop()
+    server.identities = [
+        {"name": "admin", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}], "actions": ["Admin", "Read", "Write", "List"]},
+        {"name": "anonymous", "actions": ["Read"]},
+    ]  # fmt: skip
+    server.start()
+    try:
+        url = f"{server.endpoint}/{bucket}/d"
+        assert is_url(url) and parse_url(url).kind == "http"
+        ds = fastload.Dataset(url, cache_dir=tmp_path / "c", retry_deadline=30)
+        assert ds.url == url and len(ds) == N_CLASSES * PER_CLASS
+        assert [pixels_of(ds[i][0]) for i in range(len(ds))] == [(i // PER_CLASS, i) for i in range(len(ds))]
+        with pytest.raises(ConfigError, match=r"http:// is read-only; pack to s3://"):
+            fastload.pack(images, url, shard_size="4KB", progress=False)
+    finally:
+        server.stop()

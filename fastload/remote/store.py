@@ -78,7 +78,7 @@ def _split_options(url: RemoteURL, options: Any) -> tuple[dict, dict]:
         if env:
             config["endpoint"] = env
     endpoint = str(config.get("endpoint") or config.get("endpoint_url") or "")
-    if endpoint.startswith("http://") and "allow_http" not in client:
+    if (endpoint.startswith("http://") or url.scheme == "http") and "allow_http" not in client:
         client["allow_http"] = True
     return config, client
 
