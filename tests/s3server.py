@@ -243,7 +243,7 @@ class Proxy:
                 data = s.recv(65536)
                 if not data:
                     break
-                if drop:
+                if drop and sent + len(data) >= self.drop_after:  # cut after drop_after bytes of the answer
                     c.sendall(data[: max(0, self.drop_after - sent)])
                     self.dropped += 1
                     break

@@ -215,7 +215,7 @@ class RemoteStore:
                         f"{self.url.child(name)}: {r.meta['size']} bytes, the manifest says {size}; "
                         "the dataset in the store was altered or is being replaced"
                     )
-                for chunk in r.stream(min_chunk_size=4 << 20):
+                for chunk in r.stream(min_chunk_size=64 << 10):  # small: a cut transfer keeps what arrived
                     f.write(chunk)
                     if progress is not None:
                         progress(chunk)
