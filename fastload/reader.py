@@ -276,12 +276,13 @@ class Dataset:
         if self.remote is not None:
             self.remote.release(k)
 
-    def follow_epoch(self, batches: Iterable[Any], ahead: Callable[[Iterable[Any]], Iterator[Any]]) -> Iterator[Any]:
+    def follow_epoch(self, batches: Iterable[Any], ahead: Callable[[Iterable[Any]], Iterator[Any]], *, hold: int = 8) -> Iterator[Any]:
         """``ahead(batches)``; for a URL's dataset, while its shards are downloaded in the order the
-        batches need them and those not needed soon are closed (:meth:`RemoteShards.follow`)."""
+        batches need them and those the next ``hold`` batches do not need are closed (``hold`` must
+        exceed how far ``ahead`` reads in advance; :meth:`RemoteShards.follow`)."""
         if self.remote is None:
             return ahead(batches)
-        return self.remote.follow(list(batches), self._firsts, ahead, self._release)
+        return self.remote.follow(list(batches), self._firsts, ahead, self._release, hold=hold)
 
     def _value(self, k: int, i: int) -> bytes | memoryview:
         try:

@@ -46,7 +46,9 @@ from .url import parse_url
 
 log = logging.getLogger(__name__)
 
-#: Batches ahead within which a shard a reader has open stays open (and pinned in the cache).
+#: Batches ahead within which a shard a reader has open stays open (and pinned in the cache), at
+#: least: the loader passes its read-ahead depth + 2 when that is more (a shard the read-ahead
+#: threads may be reading is never closed under them).
 HOLD_BATCHES = 8
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -408,10 +410,11 @@ class RemoteShards:
 
     # ------------------------------------------------------------------ following the epoch
     def follow(self, batches: list, firsts: list[int], ahead: Callable[[Iterable], Iterator],
-               release: Callable[[int], None]) -> Iterator:  # fmt: skip
+               release: Callable[[int], None], *, hold: int = HOLD_BATCHES) -> Iterator:  # fmt: skip
         """Yield ``ahead(batches)`` unchanged while downloading the shards they need in order of first
-        use, and closing (through ``release(k)``) shards a reader has open that the next
-        :data:`HOLD_BATCHES` batches do not need. ``batches`` are the rest of the epoch."""
+        use, and closing (through ``release(k)``) shards a reader has open that the next ``hold``
+        batches do not need. ``batches`` are the rest of the epoch."""
+        hold = max(HOLD_BATCHES, int(hold))
         shard_of = np.asarray(firsts, dtype=np.int64)
         uses: dict[int, list[int]] = collections.defaultdict(list)
         order: list[int] = []
@@ -433,7 +436,7 @@ class RemoteShards:
                     self._pos = pos
                     self._cond.notify_all()
                 for k in self.pinned():
-                    if self._next_use(k) > pos + HOLD_BATCHES:
+                    if self._next_use(k) > pos + hold:
                         release(k)
                 yield b
         finally:
