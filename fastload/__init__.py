@@ -17,6 +17,7 @@ from .errors import (
     FastloadError,
     FormatError,
     LoaderError,
+    RemoteError,
     PackError,
 )
 from .profile import profile
@@ -61,4 +62,5 @@ __all__ = [
     "PackError",
     "BadImageError",
     "LoaderError",
+    "RemoteError",
 ]

@@ -151,7 +151,7 @@ def _add_sample(sub) -> None:
         "made from the photos bundled with scikit-image. An existing sample made with the same "
         "options is reused.",
     )
-    p.add_argument("out", metavar="OUT", help="directory to create")
+    p.add_argument("out", metavar="OUT", help="directory to create, or s3://bucket/prefix to upload to")
     p.add_argument("--images", type=int, default=3000, metavar="N", help="number of images (default 3000)")
     p.add_argument("--classes", type=int, default=10, metavar="K", help="number of classes (default 10)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default 0)")
@@ -192,7 +192,7 @@ def _add_pack(sub) -> None:
         "JPEGs are stored byte for byte; other images become RGB JPEGs.",
     )
     p.add_argument("src", metavar="SRC", help="ImageFolder directory or list file")
-    p.add_argument("out", metavar="OUT", help="directory to create")
+    p.add_argument("out", metavar="OUT", help="directory to create, or s3://bucket/prefix to upload to")
     p.add_argument("--workers", type=int, default=None, metavar="N", help="processes (default: all cores)")
     p.add_argument("--shard-size", default="1GB", metavar="SIZE", help="largest shard, like 1GB, 512MB, 64KiB (default 1GB)")
     p.add_argument("--on-error", choices=("skip", "fail"), default="skip", help="skip bad images (default) or stop at the first")
@@ -222,7 +222,7 @@ def _add_pack(sub) -> None:
         print(res.summary())
         from .reader import read_manifest
 
-        stats = read_manifest(res.path).stats
+        stats = read_manifest(res.path).stats if res.url is None else {}  # an upload's staging copy is gone
         advice = size_advice(stats.get("width", {}), stats.get("height", {}), repack=False)
         if advice:
             print(advice)
@@ -238,14 +238,17 @@ def _add_pack(sub) -> None:
 def _add_inspect(sub) -> None:
     """``fastload inspect OUT [--json]``: describe a packed dataset."""
     p = sub.add_parser("inspect", help="describe a packed dataset (samples, classes, shards, encodings, sizes)")
-    p.add_argument("path", metavar="OUT", help="packed dataset directory")
+    p.add_argument("path", metavar="OUT", help="packed dataset directory or s3://bucket/prefix")
     p.add_argument("--json", action="store_true", help="print JSON")
 
     def run(args) -> int:
         import json
 
         from .checks import format_inspect, inspect
+        from .remote.url import is_url
 
+        if is_url(args.path):  # s3://...: fetched whole into a temporary directory
+            from .remote.mirror import inspect_url as inspect
         info = inspect(args.path)
         print(json.dumps(info, indent=1, ensure_ascii=True) if args.json else format_inspect(info))
         advice = None if args.json else size_advice(info["width"], info["height"], repack=True)
@@ -259,12 +262,15 @@ def _add_inspect(sub) -> None:
 def _add_verify(sub) -> None:
     """``fastload verify OUT [--decode]``: check hashes, records and (optionally) decoding."""
     p = sub.add_parser("verify", help="check every shard's hash and every record (exit 1 naming what is bad)")
-    p.add_argument("path", metavar="OUT", help="packed dataset directory")
+    p.add_argument("path", metavar="OUT", help="packed dataset directory or s3://bucket/prefix")
     p.add_argument("--decode", action="store_true", help="also decode every image with PIL")
 
     def run(args) -> int:
         from .checks import verify
+        from .remote.url import is_url
 
+        if is_url(args.path):  # s3://...: fetched whole into a temporary directory, every hash checked
+            from .remote.mirror import verify_url as verify
         rep = verify(args.path, decode=args.decode)
         what = f"{rep.shards_checked} shards, {rep.samples_checked} samples" + (" decoded" if rep.decoded else "")
         if rep.ok:

@@ -71,7 +71,10 @@ class EpochRun:
         self.yielded = start
         self.finished = False
         self.ended_by: str | None = None  # why it was stopped before the end of its epoch (core.SUPERSEDED...)
-        self._plan = core.read_ahead.ahead(core.plan.batches(epoch, start))
+        follow = getattr(core.dataset, "follow_epoch", None)  # a URL's dataset downloads in the epoch's order
+        batches = core.plan.batches(epoch, start)
+        ra = core.read_ahead
+        self._plan = ra.ahead(batches) if follow is None else follow(batches, ra.ahead, hold=ra.depth + 2)
         self._inflight: collections.deque[Batch] = collections.deque()
         self.read_buffer: np.ndarray | None = None  # Dataset.read_batch's, reused by DALI's callback
         self.flips: collections.deque[tuple[np.ndarray, dict]] = collections.deque()  # host_finish: flips, reduced-scale jobs

@@ -9,6 +9,7 @@ Every error fastload raises on purpose derives from :class:`FastloadError`, so
     ├── FormatError                     a packed dataset is missing, foreign, too new or malformed
     │   └── CorruptDataError            bytes on disk do not match what the manifest or record says
     ├── PackError                       ``pack`` could not finish (source problem, disk full, ...)
+    ├── RemoteError                     an object store (``s3://...``) refused a request or stopped answering
     │   └── BadImageError               one source image was refused (``--on-error fail``)
     └── LoaderError                     a background batch could not be produced
 
@@ -30,6 +31,7 @@ __all__ = [
     "PackError",
     "BadImageError",
     "LoaderError",
+    "RemoteError",
 ]
 
 
@@ -64,6 +66,10 @@ class BadImageError(PackError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class RemoteError(FastloadError):
+    """An object store could not be reached in time, or refused a request; the message names the URL."""
 
 
 class LoaderError(FastloadError):

@@ -36,6 +36,7 @@ from .errors import ConfigError, LoaderError, as_int
 from .pipeline import import_dali
 from .composite import DatasetView
 from .reader import Dataset
+from .remote.url import is_url
 from .resume import STATE_VERSION, Shape, make_state, merge_states, resume_position
 from .sampler import MAX_BATCH, MAX_SEED, ORDERS, EpochSampler, block_size_for
 from .settings import FIELDS, IMAGENET_MEAN, IMAGENET_STD, MAX_SIDE, Augment
@@ -182,13 +183,15 @@ class _Source:
         self.settings = settings or {}
         self.transform, self.target_transform = transform, target_transform
 
-    def open(self, *, check: bool, cache_dir: Any, progress: bool) -> Dataset:
+    def open(self, *, check: bool, cache_dir: Any, progress: bool, remote: dict | None = None) -> Dataset:
         if self.kind == "dataset":
             return self.obj
         if self.kind == "view":
             return self.obj.packed
         if self.kind == "torchvision":  # a fastload.datasets.DatasetPlan: packed once, read as torch reads it
             return self.obj.open(cache_dir=cache_dir, progress=progress, check=check)
+        if is_url(self.obj):  # s3://... through the node cache
+            return Dataset(self.obj, check=check, cache_dir=cache_dir, **(remote or {}))
         return Dataset(self.obj, check=check)
 
 
@@ -204,6 +207,13 @@ def _translated(transform: Any) -> Augment | None:
     from .transforms import translate
 
     return translate(transform)
+
+
+def _remote_options(dataset: Any, **options: Any) -> dict[str, Any]:
+    """FastLoader's settings for a dataset URL (``s3://...``): refused for anything else."""
+    if not is_url(dataset) and any(v is not None for v in options.values()):
+        raise ConfigError(f"{', '.join(k for k, v in options.items() if v is not None)}: only for a dataset URL (s3://...)")
+    return options
 
 
 def _resolve_source(dataset: Any, transform: Any) -> _Source:
@@ -329,9 +339,13 @@ class FastLoader:
         check: verify each record's payload checksum before decoding (XXH3, about 2 us per
             100 KB; CRC-32 in format-1 datasets), reporting altered bytes with the sample.
         target_transform: applied to every label once (a torchvision dataset's own is used by default).
-        cache_dir: where a torchvision dataset is packed (default ``$FASTLOAD_CACHE`` or
-            ``~/.cache/fastload``).
+        cache_dir: where a torchvision dataset is packed, and where a dataset URL's shards are
+            downloaded (default ``$FASTLOAD_CACHE`` or ``~/.cache/fastload``).
         progress: show a progress bar while a torchvision dataset is packed.
+        cache_limit, storage_options, retry_deadline: for a dataset URL (``s3://bucket/prefix``,
+            ``gs://``, ``az://``, ``https://``): the node cache's size limit (bytes or ``"50GB"``),
+            the object store's endpoint and credentials, and the seconds a request is retried for
+            (default 180); see ``docs/loader.md``, "Many nodes".
     """
     def __init__(
         self,
@@ -380,6 +394,9 @@ class FastLoader:
         target_transform: Any = None,
         cache_dir: str | os.PathLike | None = None,
         progress: bool = True,
+        cache_limit: int | str | None = None,
+        storage_options: dict | None = None,
+        retry_deadline: float | None = None,
     ) -> None:
         # 1. the DataLoader arguments that do not apply: kept as attributes, like a DataLoader's
         ignored = {
@@ -415,7 +432,8 @@ class FastLoader:
         register_exit_hook()  # after DALI's own (see fastload.core)
 
         # 3. the dataset, its labels, and this rank's plan of each epoch
-        packed = self._open(source, check=check, cache_dir=cache_dir, progress=progress, user_batches=user_batches)
+        remote = _remote_options(dataset, cache_limit=cache_limit, storage_options=storage_options, retry_deadline=retry_deadline)
+        packed = self._open(source, check=check, cache_dir=cache_dir, progress=progress, user_batches=user_batches, remote=remote)
         if order == "block" and block_size is None:  # runs of about 8 MiB of records
             block_size = block_size_for(sum(sh.bytes for sh in packed.manifest.shards) / len(packed))
         if order == "block" and window is None:
@@ -428,13 +446,13 @@ class FastLoader:
         self._keep_samplers(sampler, batch_sampler, user_batches, rank=rank, world_size=world_size)
         self._labels = packed.labels if target_transform is None else _transformed_labels(packed.labels, target_transform)
         self._init = {
-            "dataset": packed if isinstance(packed, DatasetView) else str(packed.path), "batch_size": batch_size, "shuffle": shuffle, "sampler": sampler,
+            "dataset": packed if isinstance(packed, DatasetView) else (getattr(packed, "url", None) or str(packed.path)), "batch_size": batch_size, "shuffle": shuffle, "sampler": sampler,
             "batch_sampler": batch_sampler, "drop_last": drop_last, "generator": generator, **ignored,
             "collate_fn": collate_fn,
             "transform": augment, "device": None if device is None else str(self.device),
             "num_threads": self.num_threads, "prefetch": prefetch, "seed": seed, "rank": rank, "world_size": world_size,
             "pad": pad, "order": order, "block_size": block_size, "window": window, "hw_decoder_load": hw_decoder_load,
-            "check": check, "target_transform": target_transform,
+            "check": check, "target_transform": target_transform, **(packed.remote.options if getattr(packed, "remote", None) else {}),
         }  # fmt: skip
         self._given = {k: v for k, v in given.items() if _given(k, v)}  # they override a transform assigned later
         self.dataset = LoaderDataset(
@@ -459,9 +477,10 @@ class FastLoader:
             setattr(self, k, ignored[k])
         note_ignored(ignored)
 
-    def _open(self, source: _Source, *, check: bool, cache_dir: Any, progress: bool, user_batches: Any) -> Dataset:
+    def _open(self, source: _Source, *, check: bool, cache_dir: Any, progress: bool, user_batches: Any,
+              remote: dict | None = None) -> Dataset:  # fmt: skip
         """The packed dataset ``source`` gives (packing a torchvision dataset into the cache first)."""
-        packed = source.open(check=check, cache_dir=cache_dir, progress=progress)
+        packed = source.open(check=check, cache_dir=cache_dir, progress=progress, remote=remote)
         self.packed = packed
         if len(packed) == 0:
             raise ConfigError(f"dataset {str(packed.path)!r} holds no samples")

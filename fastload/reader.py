@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence, Type
 
 import numpy as np
 
+from .remote.url import is_url
 from .threads import cannot_start, start_threads
 from .errors import ConfigError, CorruptDataError, FormatError, as_int, printable
 from .format import (
@@ -142,9 +143,30 @@ class Dataset:
         check: verify each payload's checksum on read (XXH3 in datasets of format 2.0 and later:
             about 3 us per 100 KB; zlib's CRC-32 in older ones, 14 us per 100 KB;
             off by default for raw reads, on in :class:`fastload.FastLoader`).
+        cache_dir, cache_limit, storage_options, retry_deadline: for a ``path`` that is a URL
+            (``s3://bucket/prefix``...): the node-local cache its shards are downloaded into and
+            its size limit, the object store's settings, and how long a request is retried
+            (:class:`fastload.remote.RemoteShards`; ``docs/loader.md``, "Many nodes"). Then
+            :attr:`path` is the dataset's directory in the cache and :attr:`url` the URL.
     """
 
-    def __init__(self, path: str | os.PathLike, *, check: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike, *, check: bool = False, cache_dir: str | os.PathLike | None = None,
+        cache_limit: int | str | None = None, storage_options: dict | None = None, retry_deadline: float | None = None,
+    ) -> None:  # fmt: skip
+        self.remote = None  # RemoteShards: where a URL's files come from
+        if is_url(path):
+            from .remote.nodecache import RemoteShards
+
+            self.remote = RemoteShards(path, cache_dir=cache_dir, cache_limit=cache_limit,
+                                       storage_options=storage_options, retry_deadline=retry_deadline)  # fmt: skip
+            path = self.remote.open()
+        else:
+            given = [n for n, v in (("cache_dir", cache_dir), ("cache_limit", cache_limit),
+                                    ("storage_options", storage_options), ("retry_deadline", retry_deadline)) if v is not None]  # fmt: skip
+            if given:
+                raise ConfigError(f"{', '.join(given)}: only for a dataset URL (s3://...), not the local path {printable(str(path))!r}")
+        self.url = None if self.remote is None else str(self.remote.url)
         self.path = Path(path)
         self.check = bool(check)
         self.manifest = read_manifest(self.path)
@@ -168,7 +190,8 @@ class Dataset:
             raise FormatError(f"{p}: cannot read labels: it {file_problem(e)}") from None
         if size != 4 * n:
             raise CorruptDataError(f"{p}: {size} bytes, expected {4 * n} for {n} samples; pack the dataset again")
-        problem = claimed_samples_problem(self.path, self.manifest)  # n is bounded by real bytes before 4n are read
+        # n is bounded by real bytes before 4n are read (a URL's labels were fetched at their manifest size)
+        problem = None if self.remote is not None else claimed_samples_problem(self.path, self.manifest)
         if problem:
             raise CorruptDataError(problem)
         try:
@@ -209,7 +232,7 @@ class Dataset:
 
     def __repr__(self) -> str:
         m = self.manifest
-        return f"Dataset({str(self.path)!r}, samples={m.num_samples}, classes={len(m.classes)}, shards={len(m.shards)})"
+        return f"Dataset({self.url or str(self.path)!r}, samples={m.num_samples}, classes={len(m.classes)}, shards={len(m.shards)})"
 
     # -- records ----------------------------------------------------------------------------
     def _shard_of(self, index: int) -> ShardInfo:
@@ -221,6 +244,8 @@ class Dataset:
         if f is not None and not f.closed:
             return f
         shard = self.manifest.shards[k]
+        if self.remote is not None:  # downloaded into the node cache, verified, pinned while open
+            self.remote.acquire(k)
         fpath = str(self.path / shard.file)
         # Only a regular file inside the dataset directory is opened (a FIFO or a device would hang).
         try:
@@ -242,6 +267,22 @@ class Dataset:
             raise FormatError(f"{fpath}: cannot open shard: it {file_problem(e)}") from None
         self._files[k] = f
         return f
+
+    def _release(self, k: int) -> None:
+        """Close shard ``k`` and unpin it in the node cache (a URL's dataset: the epoch no longer needs it soon)."""
+        f, self._files[k] = self._files[k], None
+        if f is not None:
+            f.close()
+        if self.remote is not None:
+            self.remote.release(k)
+
+    def follow_epoch(self, batches: Iterable[Any], ahead: Callable[[Iterable[Any]], Iterator[Any]], *, hold: int = 8) -> Iterator[Any]:
+        """``ahead(batches)``; for a URL's dataset, while its shards are downloaded in the order the
+        batches need them and those the next ``hold`` batches do not need are closed (``hold`` must
+        exceed how far ``ahead`` reads in advance; :meth:`RemoteShards.follow`)."""
+        if self.remote is None:
+            return ahead(batches)
+        return self.remote.follow(list(batches), self._firsts, ahead, self._release, hold=hold)
 
     def _value(self, k: int, i: int) -> bytes | memoryview:
         try:

@@ -12,7 +12,7 @@ DOCUMENTED = {
     "__version__", "Dataset", "pack", "pack_dataset", "PackResult", "inspect", "verify", "make_sample", "profile",
     "FastLoader", "Augment", "IMAGENET_MEAN", "IMAGENET_STD",
     "FastloadError", "ConfigError", "DependencyError", "FormatError", "CorruptDataError", "PackError",
-    "BadImageError", "LoaderError",
+    "BadImageError", "LoaderError", "RemoteError",
 }  # fmt: skip
 
 

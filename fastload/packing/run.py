@@ -34,6 +34,7 @@ import numpy as np
 
 from ..errors import BadImageError, ConfigError, PackError, printable
 from ..format import FORMAT_VERSION, Manifest, ShardInfo, decode_header, json_path
+from ..remote.url import is_url
 from ..store import HeaderStats
 from .images import ImageOptions
 from .journal import JOURNAL_NAME, Journal
@@ -206,6 +207,8 @@ class _Settings:
     resume: bool
     image: ImageOptions
     progress: bool
+    url: str | None = None  # OUT was a URL: packed into a staging directory (``out``), then uploaded
+    storage_options: Any = None
 
 
 def _settings(
@@ -222,6 +225,7 @@ def _settings(
     max_pixels: Any,
     progress: Any,
     pil_loader: bool = False,
+    storage_options: Any = None,
 ) -> _Settings:
     if lmdb is None:  # pragma: no cover
         from ..errors import DependencyError
@@ -242,7 +246,18 @@ def _settings(
         ),
         pil_loader=bool(pil_loader),
     )  # fmt: skip
+    url = None
+    if is_url(out):
+        from ..remote.upload import staging_dir
+        from ..remote.url import parse_url
+
+        url = str(parse_url(out))
+        out = staging_dir(url)
+    elif storage_options is not None:
+        raise ConfigError("storage_options: only for an OUT that is a URL (s3://bucket/prefix)")
     return _Settings(
+        url=url,
+        storage_options=storage_options,
         out=_out_path(out),
         workers=nworkers,
         shard_size=size,
@@ -313,12 +328,13 @@ class PackResult:
     bytes: int
     skipped: list[dict[str, str]]
     seconds: float
+    url: str | None = None  #: where it was uploaded (``path`` is then the local staging copy, deleted)
 
     def summary(self) -> str:
         """The one-line summary the CLI prints."""
         return (
             f"packed {self.num_samples} images, {self.num_classes} classes, {self.num_shards} shards, "
-            f"{self.bytes / 1e6:.1f} MB, {len(self.skipped)} skipped, {self.seconds:.1f} s -> {self.path}"
+            f"{self.bytes / 1e6:.1f} MB, {len(self.skipped)} skipped, {self.seconds:.1f} s -> {self.url or self.path}"
         )
 
     def __str__(self) -> str:
@@ -348,6 +364,8 @@ PIL_LOADER_PIXELS = "torchvision pil_loader"
 
 
 def _run(source: Source, settings: _Settings) -> PackResult:
+    if settings.url is not None:
+        return _run_to_url(source, settings)
     t0 = time.monotonic()
     out_p = settings.out
     partial = out_p.with_name(out_p.name + PARTIAL_SUFFIX)
@@ -377,6 +395,27 @@ def _run(source: Source, settings: _Settings) -> PackResult:
     )
     log.debug("%s", result.summary())
     return result
+
+
+def _run_to_url(source: Source, settings: _Settings) -> PackResult:
+    """Pack into the staging directory, then upload it to ``settings.url`` (fastload.remote.upload)."""
+    from ..reader import read_manifest
+    from ..remote.upload import pack_to_url
+
+    t0 = time.monotonic()
+
+    def run_local(staging: Path, mode: str) -> PackResult:
+        if mode != "reuse":
+            local = dataclasses.replace(settings, url=None, out=staging, resume=mode == "resume", overwrite=True)
+            return _run(source, local)
+        m = read_manifest(staging)
+        return PackResult(path=staging, num_samples=m.num_samples, num_classes=len(m.classes), num_shards=len(m.shards),
+                          bytes=sum(s.bytes for s in m.shards), skipped=list(m.skipped), seconds=0.0)  # fmt: skip
+
+    res, stats = pack_to_url(settings.url, run_local, overwrite=settings.overwrite, resume=settings.resume,
+                             storage_options=settings.storage_options)  # fmt: skip
+    log.info("uploaded %d files (%d bytes), %d already there", stats["uploaded"], stats["bytes"], stats["kept"])
+    return dataclasses.replace(res, url=settings.url, seconds=time.monotonic() - t0)
 
 
 def _write(
@@ -479,6 +518,12 @@ _COMMON_DOC = """
             unfinished pack), and never one that is, holds or is inside SRC; only
             fastload's own files are ever deleted.
         resume: continue an interrupted pack in ``OUT.partial``, reusing its finished shards.
+            For an OUT that is a URL (``s3://bucket/prefix``): the pack is staged under the cache
+            (``$FASTLOAD_CACHE/staging/``) and uploaded, shards first and the manifest last;
+            ``resume`` continues the staging pack or the upload, sending only what the prefix
+            lacks (sizes and MD5 ETags checked); ``overwrite`` replaces only a fastload dataset
+            there (``fastload.remote.upload``).
+        storage_options: for a URL OUT: endpoint, credentials (``fastload.remote.RemoteStore``).
         max_size: shrink images whose longer side exceeds this many pixels (re-encoded);
             1..65535.
         quality: JPEG quality of every re-encoded image, 1..100.
@@ -520,6 +565,7 @@ def pack(
     baseline: bool = False,
     max_pixels: int = 89_478_485,
     progress: bool = True,
+    storage_options: dict | None = None,
 ) -> PackResult:
     """Pack an ImageFolder tree or a list file (``path,label`` rows) into ``out``.
 
@@ -529,6 +575,7 @@ def pack(
     settings = _settings(
         out, workers=workers, shard_size=shard_size, on_error=on_error, overwrite=overwrite, resume=resume,
         max_size=max_size, quality=quality, baseline=baseline, max_pixels=max_pixels, progress=progress,
+        storage_options=storage_options,
     )  # fmt: skip
     source = open_source(src, on_error=on_error)
     return _run(source, settings)
@@ -549,6 +596,7 @@ def pack_dataset(
     baseline: bool = False,
     max_pixels: int = 89_478_485,
     progress: bool = True,
+    storage_options: dict | None = None,
 ) -> PackResult:
     """Pack a map-style dataset of ``(image, label)`` items into ``out``.
 
@@ -560,6 +608,7 @@ def pack_dataset(
     settings = _settings(
         out, workers=workers, shard_size=shard_size, on_error=on_error, overwrite=overwrite, resume=resume,
         max_size=max_size, quality=quality, baseline=baseline, max_pixels=max_pixels, progress=progress,
+        storage_options=storage_options,
     )  # fmt: skip
     source = DatasetSource(dataset, classes)
     return _run(source, settings)

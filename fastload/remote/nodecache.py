@@ -1,0 +1,492 @@
+"""The node-local cache of a dataset in an object store: verified downloads, file locks shared by a node's
+ranks, a size limit, and prefetch and eviction that follow the epoch's order.
+
+Layout under ``CACHE/remote/`` (``CACHE`` is ``cache_dir``, else ``$FASTLOAD_CACHE``, else
+``~/.cache/fastload``)::
+
+    .space.lock                       held while room is made for a download (every dataset of the node)
+    <name>-<sha256(url)[:12]>/
+      <sha256(manifest)[:16]>/        one version of the dataset: a local fastload dataset directory
+        manifest.json labels.bin ...  the manifest (written last) and its dataset-level files, verified
+        shard-00000.lmdb ...          shards, each present only once downloaded in full and verified
+        shard-00000.lmdb.part-P-T     a download in progress (its full size reserved at once)
+        .locks/shard-00000.lmdb.lock  flock: shared while a reader has the shard open, exclusive while
+                                      it is downloaded or deleted
+        .downloads                    one line per completed shard download (``file pid``)
+
+A shard is downloaded under its exclusive lock into a ``.part`` file, its SHA-256 computed as
+the bytes arrive and compared with the manifest's (on a mismatch it is fetched once more, then
+:class:`~fastload.errors.CorruptDataError` names it), and renamed into place: a reader never
+sees a partial or unverified shard, and the ranks of a node download each shard once while it
+is cached. Readers hold a shared lock on each shard they have open, and only a shard no reader
+holds is deleted to make room.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+
+from ..errors import ConfigError, CorruptDataError, FormatError, RemoteError, printable
+from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
+from .store import NotFound, RemoteStore
+from .url import parse_url
+
+log = logging.getLogger(__name__)
+
+#: Batches ahead within which a shard a reader has open stays open (and pinned in the cache), at
+#: least: the loader passes its read-ahead depth + 2 when that is more (a shard the read-ahead
+#: threads may be reading is never closed under them).
+HOLD_BATCHES = 8
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30, "tib": 1 << 40}  # fmt: skip
+
+
+def parse_limit(value: Any) -> int | None:
+    """``cache_limit`` in bytes: None (no limit), an int, or a string like ``"50GB"`` or ``"512MiB"``."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", value)
+        unit = m and _UNITS.get(m.group(2).lower())
+        if not m or unit is None:
+            raise ConfigError(f"cache_limit must be bytes or a size like '50GB' or '512MiB', got {value!r}")
+        return max(1, int(float(m.group(1)) * unit))
+    if isinstance(value, bool):
+        raise ConfigError(f"cache_limit must be bytes or a size like '50GB', got {value!r}")
+    from ..errors import as_int
+
+    return as_int("cache_limit", value, lo=1, hint=" (bytes, or a string like '50GB')")
+
+
+def cache_root(cache_dir: Any) -> Path:
+    """``cache_dir``, else ``$FASTLOAD_CACHE``, else ``~/.cache/fastload``; then ``remote/``."""
+    if cache_dir is None:
+        cache_dir = os.environ.get("FASTLOAD_CACHE") or Path.home() / ".cache" / "fastload"
+    if not isinstance(cache_dir, (str, os.PathLike)):
+        raise ConfigError(f"cache_dir must be a directory path, got {type(cache_dir).__name__}")
+    return Path(cache_dir) / "remote"
+
+
+def dataset_files(manifest_json: dict) -> list[dict]:
+    """The dataset-level files a manifest lists (``labels`` and any other entry holding ``file``,
+    ``bytes`` and ``sha256``), shards excepted."""
+    out = []
+    for key, v in manifest_json.items():
+        if key == "shards":
+            continue
+        for item in v if isinstance(v, list) else [v]:
+            if isinstance(item, dict) and {"file", "bytes", "sha256"} <= set(item):
+                out.append(item)
+    return out
+
+
+def _safe_name(name: str, where: str) -> str:
+    if not isinstance(name, str) or not name or "/" in name or name in (".", "..") or name.startswith("."):
+        raise FormatError(f"{where}: the manifest names a file {name!r}, which is not a plain file name")
+    return name
+
+
+class _Flock:
+    """One open lock file; ``lock(mode)`` blocks, ``try_lock`` does not."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def lock(self, mode: int) -> None:
+        fcntl.flock(self.fd, mode)
+
+    def try_lock(self, mode: int) -> bool:
+        try:
+            fcntl.flock(self.fd, mode | fcntl.LOCK_NB)
+            return True
+        except OSError as e:
+            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                return False
+            raise
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # releases the lock
+            self.fd = -1
+
+
+class RemoteShards:
+    """Where a :class:`~fastload.reader.Dataset` opened from a URL gets its files: the node cache.
+
+    Args:
+        url: ``s3://bucket/prefix`` (or ``gs://``, ``az://``, ``https://``).
+        cache_dir: the node's cache (default ``$FASTLOAD_CACHE`` or ``~/.cache/fastload``).
+        cache_limit: bytes the node's remote cache may hold (int or ``"50GB"``); None: no limit.
+            Shards the rest of the epoch does not need are deleted first, then those needed
+            latest; it is exceeded only by shards that readers of the node have open or are
+            downloading because a batch waits for them.
+        storage_options: endpoint, credentials and client settings (see :class:`RemoteStore`).
+        retry_deadline: seconds a request is retried for before a RemoteError (default 180).
+        threads: downloads run ahead of the epoch at once (1..64).
+    """
+
+    def __init__(self, url: Any, *, cache_dir: Any = None, cache_limit: Any = None, storage_options: Any = None,
+                 retry_deadline: Any = None, threads: int = 2) -> None:  # fmt: skip
+        from ..errors import as_int
+
+        self.url = parse_url(url)
+        self.options = {"cache_dir": cache_dir, "cache_limit": cache_limit, "storage_options": storage_options,
+                        "retry_deadline": retry_deadline}  # fmt: skip
+        self.remote = RemoteStore(self.url, storage_options=storage_options, retry_deadline=retry_deadline)
+        self.cache = cache_root(cache_dir)
+        self.limit = parse_limit(cache_limit)
+        self.threads = as_int("threads", threads, lo=1, hi=64)
+        self.manifest: Manifest | None = None
+        self.root: Path | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pins: dict[int, _Flock] = {}
+        self._bad: dict[int, BaseException] = {}
+        n = 0 if self.manifest is None else len(self.manifest.shards)
+        self._klocks: list[threading.Lock] = [threading.Lock() for _ in range(n)]  # one per shard, made up front
+        self._mutex = threading.Lock()
+        self._uses: dict[int, np.ndarray] = {}
+        self._pos = 0
+        self._cond = threading.Condition(self._mutex)
+        self._queue: list[int] = []
+        self._workers: list[threading.Thread] = []
+        self._stop = False
+        self._pid = os.getpid()
+        self.downloads = 0  # shards this process downloaded
+
+    def __getstate__(self) -> dict:
+        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        state.pop("downloads", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    # ------------------------------------------------------------------ opening
+    def open(self) -> Path:
+        """Fetch the manifest and the dataset-level files into the cache; the local dataset directory.
+
+        Raises:
+            FormatError: no fastload manifest at the URL, or a malformed one.
+            CorruptDataError: a dataset-level file differs from the manifest's hash (twice).
+            RemoteError: the store refused or did not answer within the deadline.
+        """
+        where = self.url.child(MANIFEST_NAME)
+        try:
+            text = self.remote.get(MANIFEST_NAME, limit=MAX_MANIFEST_BYTES)
+        except NotFound:
+            raise FormatError(
+                f"{self.url}: no fastload dataset there ({MANIFEST_NAME} not found: the bucket or prefix is missing, or "
+                f"holds no finished pack); create one with `fastload pack SRC {self.url}`"
+            ) from None
+        manifest = Manifest.loads(text, where=where)
+        digest = hashlib.sha256(text).hexdigest()
+        url_id = hashlib.sha256(str(self.url).encode()).hexdigest()[:12]
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{self.url.bucket}_{self.url.prefix}")[-60:].strip("._") or "dataset"
+        root = self.cache / f"{slug}-{url_id}" / digest[:16]
+        (root / ".locks").mkdir(parents=True, exist_ok=True)
+        for s in manifest.shards:
+            _safe_name(s.file, where)
+        if not (root / MANIFEST_NAME).exists():
+            meta = _Flock(root / ".locks" / "meta.lock")
+            try:
+                meta.lock(fcntl.LOCK_EX)
+                if not (root / MANIFEST_NAME).exists():
+                    for item in dataset_files(json.loads(text)):
+                        self._fetch_verified(root, _safe_name(item["file"], where), int(item["bytes"]), str(item["sha256"]))
+                    self._write_atomic(root / MANIFEST_NAME, text)  # last: its presence says the rest is there
+            finally:
+                meta.close()
+        self.manifest, self.root = manifest, root
+        self._klocks = [threading.Lock() for _ in manifest.shards]
+        return root
+
+    def _write_atomic(self, path: Path, data: bytes) -> None:
+        tmp = path.with_name(f"{path.name}.part-{os.getpid()}-{threading.get_ident()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+    def _fetch_verified(self, root: Path, name: str, size: int, sha256: str) -> None:
+        """Download ``name`` into ``root`` through a ``.part`` file; rename only once its hash matches."""
+        path = root / name
+        part = root / f"{name}.part-{os.getpid()}-{threading.get_ident()}"
+        try:
+            for attempt in (1, 2):
+                h = hashlib.sha256()
+                self.remote.download(name, part, size, progress=h.update)
+                if h.hexdigest() == sha256:
+                    os.replace(part, path)
+                    return
+                log.warning("%s: SHA-256 differs from the manifest (try %d of 2)", self.url.child(name), attempt)
+            raise CorruptDataError(
+                f"{self.url.child(name)}: SHA-256 of the downloaded bytes differs from the manifest, twice; the object was "
+                "altered after packing (nothing of it was used): pack the dataset again"
+            )
+        finally:
+            try:
+                part.unlink()
+            except FileNotFoundError:
+                pass
+
+    # ------------------------------------------------------------------ shards
+    def _paths(self, k: int) -> tuple[Path, Path]:
+        assert self.root is not None and self.manifest is not None
+        name = self.manifest.shards[k].file
+        return self.root / name, self.root / ".locks" / f"{name}.lock"
+
+    def _present(self, k: int) -> bool:
+        path, _ = self._paths(k)
+        try:
+            return path.stat().st_size == self.manifest.shards[k].bytes  # type: ignore[union-attr]
+        except FileNotFoundError:
+            return False
+
+    def acquire(self, k: int) -> Path:
+        """Shard ``k``'s local, verified file, downloaded first if needed, and pinned (not deleted)
+        until :meth:`release`. Safe from many threads and processes.
+
+        Raises:
+            CorruptDataError: its bytes differ from the manifest's hash, twice.
+            RemoteError: the store did not answer within the deadline.
+        """
+        path, lockpath = self._paths(k)
+        with self._klocks[k]:
+            if k in self._pins:
+                return path
+            if k in self._bad:
+                raise self._bad[k]
+            fl = _Flock(lockpath)
+            try:
+                while True:
+                    fl.lock(fcntl.LOCK_SH)
+                    if self._present(k):
+                        self._pins[k] = fl
+                        return path
+                    fl.lock(fcntl.LOCK_EX)  # another rank may be downloading it: wait for it
+                    if not self._present(k):
+                        try:
+                            self._download(k, urgent=True)
+                        except (CorruptDataError, RemoteError) as e:
+                            self._bad[k] = e
+                            raise
+            except BaseException:
+                fl.close()
+                raise
+
+    def release(self, k: int) -> None:
+        """Unpin shard ``k`` (its file may now be deleted to make room)."""
+        with self._klocks[k]:
+            fl = self._pins.pop(k, None)
+        if fl is not None:
+            fl.close()
+
+    def pinned(self) -> list[int]:
+        return sorted(self._pins)
+
+    def _download(self, k: int, *, urgent: bool) -> bool:
+        """Download shard ``k`` (its exclusive lock held); False if not urgent and no room was made."""
+        shard = self.manifest.shards[k]  # type: ignore[union-attr]
+        path, _ = self._paths(k)
+        part = path.with_name(f"{path.name}.part-{os.getpid()}-{threading.get_ident()}")
+        if not self._make_room(k, shard.bytes, part, urgent=urgent):
+            return False
+        try:
+            for attempt in (1, 2):
+                h = hashlib.sha256()
+                self.remote.download(shard.file, part, shard.bytes, progress=h.update)
+                if h.hexdigest() == shard.sha256:
+                    os.replace(part, path)
+                    self.downloads += 1
+                    with open(self.root / ".downloads", "a") as f:  # type: ignore[operator]
+                        f.write(f"{shard.file} {os.getpid()}\n")
+                    return True
+                log.warning("%s: SHA-256 differs from the manifest (try %d of 2)", self.url.child(shard.file), attempt)
+            raise CorruptDataError(
+                f"{self.url.child(shard.file)}: shard {k}: SHA-256 of the downloaded bytes differs from the manifest, "
+                "twice; the object was altered after packing (none of it was used): pack the dataset again"
+            )
+        finally:
+            try:
+                part.unlink()
+            except FileNotFoundError:
+                pass
+
+    # ------------------------------------------------------------------ the size limit
+    def usage(self) -> int:
+        """Bytes of the node's remote cache: shards, downloads in progress (their full size), other files."""
+        total = 0
+        for dirpath, _dirs, files in os.walk(self.cache):
+            for f in files:
+                if not f.endswith(".lock"):
+                    try:
+                        total += os.lstat(os.path.join(dirpath, f)).st_size
+                    except FileNotFoundError:
+                        pass
+        return total
+
+    def _next_use(self, k: int) -> float:
+        uses = self._uses.get(k)
+        if uses is None:
+            return math.inf
+        j = int(np.searchsorted(uses, self._pos))
+        return float(uses[j]) if j < len(uses) else math.inf
+
+    def _candidates(self) -> list[tuple[float, float, Path, Path]]:
+        """Cached shards of every dataset of the node: ``(next use here, -mtime, file, lock)``."""
+        out = []
+        mine = {s.file: k for k, s in enumerate(self.manifest.shards)}  # type: ignore[union-attr]
+        for mpath in self.cache.glob(f"*/*/{MANIFEST_NAME}"):
+            root = mpath.parent
+            try:
+                names = [s["file"] for s in json.loads(mpath.read_bytes())["shards"]]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            for name in names:
+                if not isinstance(name, str) or "/" in name:
+                    continue
+                p = root / name
+                try:
+                    mtime = p.stat().st_mtime
+                except OSError:
+                    continue
+                nxt = self._next_use(mine[name]) if root == self.root and name in mine else math.inf
+                out.append((nxt, -mtime, p, root / ".locks" / f"{name}.lock"))
+        out.sort(key=lambda t: (-t[0], t[1]))  # never needed again first, then needed latest, then oldest
+        return out
+
+    def _make_room(self, k: int, size: int, part: Path, *, urgent: bool) -> bool:
+        """Delete unpinned shards until ``size`` more bytes fit in the limit, then reserve them (``part``
+        made at its full size). A prefetch (not ``urgent``) deletes only shards needed later than
+        shard ``k`` and gives up if that is not enough; a batch waiting for ``k`` goes over the limit
+        when every other shard is pinned."""
+        space = _Flock(self.cache / ".space.lock")
+        try:
+            space.lock(fcntl.LOCK_EX)
+            if self.limit is not None:
+                used = self.usage()
+                mine = self._next_use(k)
+                for nxt, _m, p, lockp in self._candidates() if used + size > self.limit else []:
+                    if used + size <= self.limit:
+                        break
+                    if p == self._paths(k)[0] or (not urgent and nxt <= mine):
+                        continue
+                    fl = _Flock(lockp)
+                    try:
+                        if fl.try_lock(fcntl.LOCK_EX):
+                            try:
+                                n = p.stat().st_size
+                                p.unlink()
+                                used -= n
+                                log.debug("cache: deleted %s (%d bytes) to make room", p, n)
+                            except FileNotFoundError:
+                                pass
+                    finally:
+                        fl.close()
+                if used + size > self.limit:
+                    if not urgent:
+                        return False
+                    log.info("cache over its limit: %s is needed now and every cached shard is in use", part.name)
+            with open(part, "wb") as f:
+                f.truncate(size)
+            return True
+        finally:
+            space.close()
+
+    # ------------------------------------------------------------------ following the epoch
+    def follow(self, batches: list, firsts: list[int], ahead: Callable[[Iterable], Iterator],
+               release: Callable[[int], None], *, hold: int = HOLD_BATCHES) -> Iterator:  # fmt: skip
+        """Yield ``ahead(batches)`` unchanged while downloading the shards they need in order of first
+        use, and closing (through ``release(k)``) shards a reader has open that the next ``hold``
+        batches do not need. ``batches`` are the rest of the epoch."""
+        hold = max(HOLD_BATCHES, int(hold))
+        shard_of = np.asarray(firsts, dtype=np.int64)
+        uses: dict[int, list[int]] = collections.defaultdict(list)
+        order: list[int] = []
+        for pos, b in enumerate(batches):
+            idx = np.asarray(getattr(b, "indices", b), dtype=np.int64).ravel()
+            for k in np.unique(np.searchsorted(shard_of, idx, side="right") - 1).tolist():
+                if not uses[k]:
+                    order.append(k)
+                uses[k].append(pos)
+        with self._cond:
+            self._uses = {k: np.asarray(v, dtype=np.int64) for k, v in uses.items()}
+            self._pos = 0
+            self._queue = order
+            self._cond.notify_all()
+        self._start_workers()
+        try:
+            for pos, b in enumerate(ahead(batches)):
+                with self._cond:
+                    self._pos = pos
+                    self._cond.notify_all()
+                for k in self.pinned():
+                    if self._next_use(k) > pos + hold:
+                        release(k)
+                yield b
+        finally:
+            with self._cond:  # the epoch is over (or abandoned): its downloads ahead are not wanted
+                self._queue = []
+                self._cond.notify_all()
+
+    def _start_workers(self) -> None:
+        with self._mutex:
+            if os.getpid() != self._pid:
+                self._reset_after_fork()
+            self._workers = [t for t in self._workers if t.is_alive()]
+            while len(self._workers) < self.threads:
+                t = threading.Thread(target=self._prefetch_loop, name="fastload-remote-prefetch", daemon=True)
+                t.start()
+                self._workers.append(t)
+
+    def _reset_after_fork(self) -> None:
+        self._workers, self._pins, self._pid = [], {}, os.getpid()
+
+    def _prefetch_loop(self) -> None:
+        while True:
+            with self._cond:
+                if self._stop or not self._queue:  # nothing left to fetch ahead this epoch
+                    self._workers = [t for t in self._workers if t is not threading.current_thread()]
+                    return
+                k = self._queue.pop(0)
+            if k in self._pins or k in self._bad or self._present(k):
+                continue
+            _, lockpath = self._paths(k)
+            fl = _Flock(lockpath)
+            try:
+                if not fl.try_lock(fcntl.LOCK_EX):  # being downloaded by another rank, or in use
+                    continue
+                if not self._present(k) and not self._download(k, urgent=False):
+                    with self._cond:  # no room yet: try again once the epoch has moved on
+                        self._queue.insert(0, k)
+                        self._cond.wait(0.5)
+            except Exception as e:  # noqa: BLE001 - the reader that needs it reports the problem
+                log.debug("prefetch of shard %d failed: %s", k, e)
+            finally:
+                fl.close()
+
+    def close(self) -> None:
+        """Stop the prefetch threads and unpin every shard."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        for k in self.pinned():
+            self.release(k)
+
+    def __repr__(self) -> str:
+        return f"RemoteShards({printable(str(self.url))!r}, cache={str(self.cache)!r}, limit={self.limit})"

@@ -1,0 +1,355 @@
+"""FastLoader over ``s3://`` against a real S3 server (SeaweedFS): the same batches as over a local copy,
+the cache's size limit, ranks sharing a cache, and a server that dies, comes back, stalls or cuts
+connections.
+
+Images are solid colours whose pixels encode (label, index) (``conftest.encode_color``): "every
+sample once" is read from the pixels of the batches, not from the loader's bookkeeping.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload import IMAGENET_MEAN, IMAGENET_STD, FastLoader
+from fastload.errors import FastloadError, RemoteError
+
+from conftest import decode_batch, encode_color, write_image
+from s3server import Proxy, SeaweedServer
+
+pytest.importorskip("obstore")
+
+N_CLASSES, PER_CLASS = 3, 12  # 36 images, 64x48 JPEGs of ~1 KB: 4 per 16 KB shard
+SHARD_SIZE = "16KB"
+
+
+def make_images(root: Path) -> Path:
+    i = 0
+    for label in range(N_CLASSES):
+        for j in range(PER_CLASS):
+            write_image(root / f"class_{label}" / f"img_{j:03d}.jpg", encode_color(label, i), size=(64, 48))
+            i += 1
+    return root
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    server = SeaweedServer(tmp_path_factory.mktemp("weed"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fresh_s3(tmp_path):
+    """A server of this test's own, for tests that kill it."""
+    server = SeaweedServer(tmp_path / "weed")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    return make_images(tmp_path_factory.mktemp("images"))
+
+
+@pytest.fixture(autouse=True)
+def cache_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTLOAD_CACHE", str(tmp_path / "cache"))
+
+
+def upload(server: SeaweedServer, images: Path, prefix: str = "train") -> str:
+    bucket = server.make_bucket()
+    url = f"s3://{bucket}/{prefix}"
+    fastload.pack(images, url, shard_size=SHARD_SIZE, storage_options=server.options(), progress=False)
+    return url
+
+
+@pytest.fixture(scope="module")
+def remote(s3, images, tmp_path_factory):
+    os.environ["FASTLOAD_CACHE"] = str(tmp_path_factory.mktemp("packcache"))
+    url = upload(s3, images)
+    local = tmp_path_factory.mktemp("local") / "train"
+    fastload.pack(images, local, shard_size=SHARD_SIZE, progress=False)
+    del os.environ["FASTLOAD_CACHE"]
+    return {"url": url, "local": local}
+
+
+def decoded(batches) -> list[tuple[int, int]]:
+    out = []
+    for x, y in batches:
+        dec = decode_batch(x.float().numpy(), IMAGENET_MEAN, IMAGENET_STD)
+        assert [d[0] for d in dec] == y.tolist()  # the label tensor agrees with the pixels
+        out += dec
+    return out
+
+
+def every_sample_once(got: list[tuple[int, int]]) -> bool:
+    expected = sorted((i // PER_CLASS, i) for i in range(N_CLASSES * PER_CLASS))
+    return sorted(got) == expected
+
+
+# ------------------------------------------------------------------ the same batches
+def test_batches_len_and_resume_are_those_of_a_local_copy(s3, remote, tmp_path):
+    kw = dict(device="cpu", crop=32, seed=3, train=True)
+    with FastLoader(remote["local"], 5, **kw) as ref_loader:
+        ref_loader.set_epoch(1)
+        ref = [(x.clone(), y.clone()) for x, y in ref_loader]
+        n_ref = len(ref_loader)
+    opts = dict(storage_options=s3.options(), cache_dir=tmp_path / "c")
+    with FastLoader(remote["url"], 5, **kw, **opts) as a:
+        assert len(a) == n_ref and a.classes == ref_loader.classes
+        a.set_epoch(1)
+        it = iter(a)
+        first = [next(it) for _ in range(3)]
+        state = json.loads(json.dumps(a.state_dict()))
+    with FastLoader(remote["url"], 5, **kw, **opts) as b:
+        b.load_state_dict(state)
+        rest = list(b)
+    got = first + rest
+    assert len(got) == len(ref)
+    for (x1, y1), (x2, y2) in zip(got, ref):  # bit-identical on the CPU path
+        assert torch.equal(y1, y2) and torch.equal(x1, x2)
+    assert every_sample_once(decoded(got))
+
+
+def test_a_loader_of_a_url_pickles_to_the_url_not_the_cache(s3, remote, tmp_path):
+    import pickle
+
+    with FastLoader(remote["url"], 6, device="cpu", crop=32, train=False, storage_options=s3.options(),
+                    cache_dir=tmp_path / "c") as a:  # fmt: skip
+        ref = list(a)
+        b = pickle.loads(pickle.dumps(a))
+    with b:
+        assert b.packed.url == remote["url"]
+        got = list(b)
+    assert all(torch.equal(x1, x2) for (x1, _), (x2, _) in zip(ref, got))
+
+
+# ------------------------------------------------------------------ the cache
+def cache_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.name.endswith(".lock"))
+
+
+def test_the_cache_stays_within_its_limit_and_downloads_each_shard_once(s3, remote, tmp_path):
+    cache = tmp_path / "c"
+    ds = fastload.Dataset(remote["url"], storage_options=s3.options(), cache_dir=cache)
+    sizes = [s.bytes for s in ds.manifest.shards]
+    total, biggest = sum(sizes), max(sizes)
+    limit = total // 2
+    samples, stop = [], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            try:
+                samples.append(cache_bytes(cache / "remote"))
+            except FileNotFoundError:
+                pass  # a file deleted while listed
+            time.sleep(0.002)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        with FastLoader(remote["url"], 2, device="cpu", crop=32, train=False, shuffle=False, cache_limit=limit,
+                        storage_options=s3.options(), cache_dir=cache) as loader:  # fmt: skip
+            got = decoded(loader)
+    finally:
+        stop.set()
+        t.join()
+    assert every_sample_once(got)
+    meta = sum(p.stat().st_size for p in (ds.path).iterdir() if p.is_file() and not p.name.startswith("shard-"))
+    assert samples and max(samples) <= limit + biggest + meta, (max(samples), limit, biggest)
+    assert max(samples) < total  # shards were deleted on the way: the whole dataset was never there at once
+    lines = (ds.path / ".downloads").read_text().split()
+    shard_files = [w for w in lines if w.startswith("shard-")]
+    assert sorted(shard_files) == sorted(s.file for s in ds.manifest.shards)  # each once, in order of use
+
+
+def _rank(url: str, options: dict, cache: str, rank: int, out: str, start_at: float) -> None:
+    ds = fastload.Dataset(url, storage_options=options, cache_dir=cache)
+    time.sleep(max(0.0, start_at - time.time()))  # both ranks ask for the same shards at once
+    order = list(range(len(ds)))  # both ranks read every shard, in the same order, at the same time
+    for i in order:
+        ds[i]
+    Path(out).write_text(json.dumps([int(ds.labels[i]) for i in order]))
+
+
+def test_two_ranks_of_a_node_download_each_shard_once(s3, remote, tmp_path):
+    cache = str(tmp_path / "node")
+    proxy = Proxy("127.0.0.1", s3.ports["s3"], delay=0.05)  # each download slow enough for both to want it
+    ctx = mp.get_context("spawn")
+    start_at = time.time() + 8
+    procs = [ctx.Process(target=_rank, args=(remote["url"], s3.options(proxy.endpoint), cache, r,
+                                             str(tmp_path / f"r{r}"), start_at)) for r in (0, 1)]  # fmt: skip
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+            assert p.exitcode == 0
+    finally:
+        proxy.close()
+    root = next((Path(cache) / "remote").glob("*/*/.downloads")).read_text().split("\n")
+    files = [line.split()[0] for line in root if line]
+    ds = fastload.Dataset(remote["local"])
+    assert sorted(files) == sorted(s.file for s in ds.manifest.shards)  # once each, though both ranks read all
+    for r in (0, 1):
+        assert json.loads((tmp_path / f"r{r}").read_text()) == [int(v) for v in ds.labels]
+
+
+# ------------------------------------------------------------------ failures
+def test_a_server_restarted_mid_epoch_costs_nothing(fresh_s3, images, tmp_path):
+    url = upload(fresh_s3, images)
+    loader = FastLoader(url, 3, device="cpu", crop=32, train=False, shuffle=False, cache_limit=40_000,
+                        storage_options=fresh_s3.options(), cache_dir=tmp_path / "c", retry_deadline=60)  # fmt: skip
+    with loader:
+        it = iter(loader)
+        got = decoded([next(it)])
+        fresh_s3.stop()  # the rest of the epoch must still be downloaded: the cache holds about 2 shards
+        restart = threading.Timer(3.0, fresh_s3.start)
+        restart.start()
+        t0 = time.monotonic()
+        try:
+            got += decoded(it)
+        finally:
+            restart.join()  # before the fixture stops it for good
+    assert every_sample_once(got)
+    assert time.monotonic() - t0 < 60
+
+
+def test_a_dead_server_is_an_error_within_the_deadline(fresh_s3, images, tmp_path):
+    url = upload(fresh_s3, images)
+    opts = fresh_s3.options()
+    loader = FastLoader(url, 3, device="cpu", crop=32, train=False, shuffle=False, cache_limit=40_000,
+                        storage_options=opts, cache_dir=tmp_path / "c", retry_deadline=4)  # fmt: skip
+    with loader:
+        it = iter(loader)
+        next(it)
+        fresh_s3.stop()
+        t0 = time.monotonic()
+        with pytest.raises(FastloadError, match=rf"{url}/shard-\d+\.lmdb: GET failed \d+ time\(s\).*retry_deadline=4 s"):
+            for _ in it:
+                pass
+        assert time.monotonic() - t0 < 4 + 10
+    t0 = time.monotonic()
+    with pytest.raises(RemoteError, match=rf"{url}/manifest.json: GET failed .*the server does not answer"):
+        fastload.Dataset(url, storage_options=opts, cache_dir=tmp_path / "d", retry_deadline=3)
+    assert time.monotonic() - t0 < 3 + 5
+
+
+def test_a_slow_server_and_cut_connections(s3, remote, tmp_path):
+    proxy = Proxy("127.0.0.1", s3.ports["s3"], delay=0.02)  # 20 ms added to every request
+    try:
+        opts = s3.options(proxy.endpoint)
+        with FastLoader(remote["url"], 4, device="cpu", crop=32, train=False, storage_options=opts,
+                        cache_dir=tmp_path / "slow") as loader:  # fmt: skip
+            assert every_sample_once(decoded(loader))
+        proxy.delay = 0.0
+        proxy.drop = True  # every answer cut after 64 bytes, for 2 s
+        threading.Timer(2.0, lambda: setattr(proxy, "drop", False)).start()
+        t0 = time.monotonic()
+        ds = fastload.Dataset(remote["url"], storage_options=opts, cache_dir=tmp_path / "cut", retry_deadline=30)
+        got = [ds[i][1] for i in range(len(ds))]
+        assert got == [i // PER_CLASS for i in range(len(ds))] and proxy.dropped > 0
+        assert time.monotonic() - t0 < 30
+        proxy.drop = True  # cut for good: an error within the deadline, never a hang
+        t0 = time.monotonic()
+        with pytest.raises(RemoteError, match="GET failed"):
+            fastload.Dataset(remote["url"], storage_options=opts, cache_dir=tmp_path / "cut2", retry_deadline=3)
+        assert time.monotonic() - t0 < 3 + 5
+    finally:
+        proxy.close()
+
+
+@pytest.mark.slow
+def test_two_nodes_of_two_ranks_under_torchrun(s3, remote, tmp_path):
+    """Two nodes simulated as two cache directories, two ranks each, one torchrun of 4 ranks: every
+    sample read exactly once per epoch across the 4 ranks; each node downloads each shard at most
+    once, and only the shards its own ranks read."""
+    import subprocess
+    import sys
+
+    tests = Path(__file__).parent
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
+           str(tests / "remote_dist_worker.py"), remote["url"], json.dumps(s3.options()), str(tmp_path / "nodes"), str(out)]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tests.parent), str(tests)]))
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+    n = N_CLASSES * PER_CLASS
+    ds = fastload.Dataset(remote["local"])
+    firsts = [s.first for s in ds.manifest.shards]
+    for epoch in ("0", "1"):
+        assert sorted(i for r in ranks for i in r[epoch]) == list(range(n))  # exactly once, from the pixels
+    for node in (0, 1):
+        lines = next((tmp_path / "nodes" / f"node{node}" / "remote").glob("*/*/.downloads")).read_text().split("\n")
+        files = [line.split()[0] for line in lines if line]
+        assert len(files) == len(set(files))  # at most once per node
+        read = {int(np.searchsorted(firsts, i, side="right") - 1) for r in ranks[2 * node : 2 * node + 2]
+                for e in ("0", "1") for i in r[e]}  # fmt: skip
+        assert set(files) == {ds.manifest.shards[k].file for k in read}
+
+
+def test_shards_are_fetched_in_the_order_the_epoch_first_needs_them(s3, remote, tmp_path):
+    """The GETs the server sees (through the proxy) follow the order in which the shuffled epoch's
+    batches first touch each shard, read back from the batches' pixels: within a few places (the
+    read-ahead and the prefetch threads fetch a few at once)."""
+    proxy = Proxy("127.0.0.1", s3.ports["s3"], delay=0.01)
+    try:
+        with FastLoader(remote["url"], 4, device="cpu", crop=32, train=False, shuffle=True, seed=11,
+                        storage_options=s3.options(proxy.endpoint), cache_dir=tmp_path / "c") as loader:  # fmt: skip
+            got = decoded(loader)
+    finally:
+        proxy.close()
+    assert every_sample_once(got)
+    firsts = [s.first for s in fastload.Dataset(remote["local"]).manifest.shards]
+    first_use: list[int] = []
+    for _label, i in got:  # the epoch's order, from the pixels
+        k = int(np.searchsorted(firsts, i, side="right") - 1)
+        if k not in first_use:
+            first_use.append(k)
+    fetched = [int(r.rsplit("shard-", 1)[1].split(".")[0]) for r in proxy.requests
+               if r.startswith("GET ") and "/shard-" in r]  # fmt: skip
+    assert sorted(fetched) == sorted(first_use)  # each once
+    where = {k: p for p, k in enumerate(fetched)}
+    assert max(abs(where[k] - p) for p, k in enumerate(first_use)) <= 6, (first_use, fetched)
+
+
+def test_a_download_cut_midway_goes_on_from_where_it_stopped(s3, tmp_path):
+    """Every answer cut after 150 KB: each shard (two ~350 KB noise JPEGs) arrives over several
+    range requests, and the bytes joined are the shard's (its SHA-256 is checked before use)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    src = tmp_path / "noise"
+    for i in range(6):
+        p = src / f"class_{i % 2}" / f"{i}.jpg"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (400, 400, 3), dtype=np.uint8)).save(p, quality=95)
+    bucket = s3.make_bucket()
+    url = f"s3://{bucket}/noise"
+    fastload.pack(src, url, shard_size="800KB", storage_options=s3.options(), progress=False)
+    fastload.pack(src, tmp_path / "local", shard_size="800KB", progress=False)
+    local = fastload.Dataset(tmp_path / "local")
+    assert min(s.bytes for s in local.manifest.shards) > 300_000
+    proxy = Proxy("127.0.0.1", s3.ports["s3"])
+    try:
+        proxy.drop_after, proxy.drop = 150_000, True  # the manifest and labels are smaller
+        ds = fastload.Dataset(url, storage_options=s3.options(proxy.endpoint), cache_dir=tmp_path / "c", retry_deadline=60)
+        assert [ds[i] for i in range(len(ds))] == [local[i] for i in range(len(local))]
+    finally:
+        proxy.close()
+    gets = [r for r in proxy.requests if r.startswith("GET ") and "/shard-" in r]
+    assert len(gets) >= 3 * len(ds.manifest.shards)  # each shard in 3 or more pieces
