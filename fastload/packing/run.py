@@ -17,6 +17,7 @@ How a pack runs:
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import fractions
 import logging
@@ -33,12 +34,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import BadImageError, ConfigError, PackError, printable
-from ..format import FORMAT_VERSION, Manifest, ShardInfo, decode_header, json_path
-from ..store import HeaderStats
+from ..fields import decode_block
+from ..format import FIELDS_FORMAT_VERSION, FORMAT_VERSION, Manifest, ShardInfo, decode_header, json_path, record_fields, with_field_block
+from ..store import HeaderStats, iter_records, open_shard_readonly
 from .images import ImageOptions
 from .journal import JOURNAL_NAME, Journal
 from .outdir import PARTIAL_SUFFIX, SourceGuard, check_out, discard_partial, finalize, prepare_partial
 from .shards import ShardWriter, write_error
+from .samples import DictDatasetSource, FieldSource
 from .sources import DatasetSource, Source, open_source
 from .workers import Results
 
@@ -328,14 +331,14 @@ class PackResult:
 
 
 
-def _options_json(shard_size: int, opts: ImageOptions) -> dict[str, Any]:
+def _options_json(shard_size: int, opts: ImageOptions, fields: bool = False) -> dict[str, Any]:
     d = {
         "shard_size": shard_size,
         "max_size": opts.max_size,
         "quality": opts.quality,
         "baseline": opts.baseline,
         "max_pixels": opts.max_pixels,
-        "format_version": FORMAT_VERSION,
+        "format_version": FIELDS_FORMAT_VERSION if fields else FORMAT_VERSION,
     }
     if opts.pil_loader:  # only then: every other pack's options (and journals) stay as they were
         d["pixels"] = PIL_LOADER_PIXELS
@@ -356,7 +359,7 @@ def _run(source: Source, settings: _Settings) -> PackResult:
     guard.check(partial, f"OUT {printable(os.fspath(out_p))}: the unfinished pack")
     check_out(out_p, settings.overwrite)
 
-    options = _options_json(settings.shard_size, settings.image)
+    options = _options_json(settings.shard_size, settings.image, isinstance(source, FieldSource) and not source.schema.plain)
     stats = HeaderStats()
     journal, lock = prepare_partial(
         partial, out_p, Journal(json_path(source.description), source.fingerprint(), options),
@@ -407,6 +410,9 @@ def _write(
         on_shard=on_shard, snapshot=lambda: len(skipped),
     )  # fmt: skip
     bar = Progress(len(source), start, settings.progress)
+    fielded = isinstance(source, FieldSource) and not source.schema.plain
+    if fielded and journal.shards:  # a resumed pack: the kept shards' fields count in the statistics
+        _count_kept_fields(source, partial, journal)
     results = None
     nbytes = 0
     try:
@@ -414,6 +420,7 @@ def _write(
             results = Results(source.tasks(start), opts, nworkers)
             pos = start
             for pos, res in enumerate(results, start):
+                block = source.take_block(pos) if fielded else None  # type: ignore[attr-defined]
                 if isinstance(res, tuple):
                     _tag, where, reason = res
                     if on_error == "fail":
@@ -421,6 +428,9 @@ def _write(
                     skipped.append({"path": json_path(where), "reason": reason})
                     log.debug("skipped %s: %s", where, reason)
                 else:
+                    if block is not None:
+                        res = with_field_block(res, block)
+                        source.field_stats.add(decode_block(source.schema.stored, block, check=False))  # type: ignore[attr-defined]
                     stats.add(decode_header(res))
                     writer.add(res, pos)
                     nbytes += len(res)
@@ -448,6 +458,17 @@ def _write(
     except BaseException as e:  # nothing is deleted: the finished pack is resumable
         _log_stopped(e, partial)
         raise
+
+
+def _count_kept_fields(source: FieldSource, partial: Path, journal: Journal) -> None:
+    """Add the fields of the shards a resumed pack keeps to ``source.field_stats``."""
+    stored = source.schema.stored
+    for s in journal.shards:
+        p = str(partial / s["file"])
+        with open_shard_readonly(p) as scan:
+            for _i, v in iter_records(scan, p):
+                value = bytes(v)
+                source.field_stats.add(decode_block(stored, record_fields(value, decode_header(value, where=p)), where=p))
 
 
 class _NothingPacked(Exception):
@@ -539,6 +560,7 @@ def pack_dataset(
     out: str | os.PathLike,
     *,
     classes: Sequence[str] | None = None,
+    fields: dict[str, Any] | None = None,
     workers: int | None = None,
     shard_size: int | str = "1GB",
     on_error: str = "skip",
@@ -550,19 +572,36 @@ def pack_dataset(
     max_pixels: int = 89_478_485,
     progress: bool = True,
 ) -> PackResult:
-    """Pack a map-style dataset of ``(image, label)`` items into ``out``.
+    """Pack a map-style dataset of ``(image, label)`` items, or of dicts of fields, into ``out``.
 
     ``image`` is a PIL image, an HxW / HxWx3 (or x1, x4) uint8 array or encoded bytes;
     ``label`` an int. Items are fetched in index order in this process. ``classes``
     defaults to ``dataset.classes`` if present, else ``"0" .. str(max label)``. An item
     whose fetch raises is a refused image (skipped or failed per ``on_error``).
+
+    Items that are dicts (``{"image": ..., "label": ..., "caption": "..."}``) carry typed
+    fields (``docs/fields.md``): the schema is inferred from the first item, or declared for
+    some fields with ``fields`` (name -> kind such as ``"int32[]"``, ``"float32[10]"``, ``"str"``),
+    and every item is checked against it (a :class:`ConfigError` names the item and the field).
+    The dataset is then written in format 3.0.
     """
     settings = _settings(
         out, workers=workers, shard_size=shard_size, on_error=on_error, overwrite=overwrite, resume=resume,
         max_size=max_size, quality=quality, baseline=baseline, max_pixels=max_pixels, progress=progress,
     )  # fmt: skip
-    source = DatasetSource(dataset, classes)
-    return _run(source, settings)
+    return _run(_dataset_source(dataset, classes, fields), settings)
+
+
+def _dataset_source(dataset: Any, classes: Sequence[str] | None, fields: dict[str, Any] | None) -> Source:
+    """A :class:`DictDatasetSource` for a dataset of dicts (or with ``fields``), else a :class:`DatasetSource`."""
+    if fields is None:
+        try:
+            first = dataset[0] if len(dataset) > 0 else None
+        except Exception:  # noqa: BLE001 - DatasetSource says what is wrong with it, or refuses the item
+            first = None
+        if not isinstance(first, collections.abc.Mapping):
+            return DatasetSource(dataset, classes)
+    return DictDatasetSource(dataset, classes, fields)
 
 
 def pack_like_pil_loader(
