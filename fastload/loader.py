@@ -331,6 +331,13 @@ class FastLoader:
         cache_dir: where a torchvision dataset is packed (default ``$FASTLOAD_CACHE`` or
             ``~/.cache/fastload``).
         progress: show a progress bar while a torchvision dataset is packed.
+        fields: the fields each batch holds, in order, such as ``("image", "txt", "label")``, of a
+            packed dataset with typed fields (``docs/fields.md``); each batch is then a
+            :class:`fastload.FieldBatch` (a tuple in this order, ``batch["txt"]`` by name). Default:
+            ``[images, labels]`` batches, as today.
+        pad_to: with ``fields``, pad (or truncate) ragged fields such as token ids to this many rows
+            (an int, or a dict of field name -> int): one tensor per field, with the lengths in
+            ``batch.lengths[name]``; default: a list of tensors per ragged field.
     """
     def __init__(
         self,
@@ -379,6 +386,8 @@ class FastLoader:
         target_transform: Any = None,
         cache_dir: str | os.PathLike | None = None,
         progress: bool = True,
+        fields: Sequence[str] | None = None,
+        pad_to: int | dict[str, int] | None = None,
     ) -> None:
         # 1. the DataLoader arguments that do not apply: kept as attributes, like a DataLoader's
         ignored = {
@@ -426,6 +435,7 @@ class FastLoader:
                             num_threads=num_threads, order=order, block_size=block_size, window=window)  # fmt: skip
         self._keep_samplers(sampler, batch_sampler, user_batches, rank=rank, world_size=world_size)
         self._labels = packed.labels if target_transform is None else _transformed_labels(packed.labels, target_transform)
+        self._fields = self._check_fields(packed, fields, pad_to)
         self._init = {
             "dataset": packed if isinstance(packed, DatasetView) else str(packed.path), "batch_size": batch_size, "shuffle": shuffle, "sampler": sampler,
             "batch_sampler": batch_sampler, "drop_last": drop_last, "generator": generator, **ignored,
@@ -434,6 +444,7 @@ class FastLoader:
             "num_threads": self.num_threads, "prefetch": prefetch, "seed": seed, "rank": rank, "world_size": world_size,
             "pad": pad, "order": order, "block_size": block_size, "window": window, "hw_decoder_load": hw_decoder_load,
             "check": check, "target_transform": target_transform,
+            **({"fields": fields, "pad_to": pad_to} if fields is not None else {}),
         }  # fmt: skip
         self._given = {k: v for k, v in given.items() if _given(k, v)}  # they override a transform assigned later
         self.dataset = LoaderDataset(
@@ -536,7 +547,22 @@ class FastLoader:
         )  # fmt: skip
         if self.order == "block" and self.shuffle:  # ReadAhead reads each run once, sequentially
             core.read_ahead.runs = self.block_size
+        core.fields = self._fields
         return core
+
+    def _check_fields(self, packed: Dataset, fields: Any, pad_to: Any) -> Any:
+        """``fields=`` and ``pad_to=`` checked against the dataset's schema (None: ``[images, labels]`` batches)."""
+        if fields is None:
+            if pad_to is not None:
+                raise ConfigError(f"pad_to={pad_to!r} is given without fields=; name the ragged fields to pad, e.g. fields=('image', 'tokens')")
+            return None
+        from .fieldbatch import FieldRequest
+
+        if isinstance(packed, DatasetView):
+            raise ConfigError("fields= reads a packed dataset directly; a Subset/ConcatDataset of packed parts yields [images, labels] only")
+        if self.collate_fn is not default_collate:
+            raise ConfigError("fields= and collate_fn cannot be combined: a FieldBatch is already collated (apply your function to it in the loop)")
+        return FieldRequest(packed.schema, fields, pad_to)
 
     def _make_plan(self) -> None:
         """The epoch plan, samplers and batch bound for this rank and world size."""
