@@ -241,6 +241,8 @@ def _as_array(value: Any) -> np.ndarray | None:
     """``value`` as a NumPy array (a torch tensor, a list of numbers), or None if it is none of those."""
     if isinstance(value, np.ndarray):
         return value
+    if isinstance(value, (int, float, np.number)) and not _is_bool(value):
+        return np.asarray(value)
     if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch tensor
         return value.detach().cpu().numpy()
     if isinstance(value, (list, tuple)):
@@ -319,6 +321,8 @@ def _array_value(field: Field, value: Any, where: str) -> np.ndarray:
     a = _as_array(value)
     if a is None or a.dtype.kind not in "iuf":
         raise ConfigError(f"{where}: field {field.name!r} ({field.spec}) must be a numeric array, got {printable_value(value)}")
+    if a.size == 0:  # an empty list is float64 to NumPy: any element type fits it
+        a = a.astype(field.dtype)
     if a.dtype.kind == "f" and np.dtype(field.dtype).kind in "iu":
         raise ConfigError(f"{where}: field {field.name!r} ({field.spec}) holds integers, got an array of {a.dtype}")
     want = field.shape if field.kind == "array" else None

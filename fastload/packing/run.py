@@ -604,6 +604,78 @@ def _dataset_source(dataset: Any, classes: Sequence[str] | None, fields: dict[st
     return DictDatasetSource(dataset, classes, fields)
 
 
+#: The kinds of source ``fastload pack --from`` names.
+SOURCE_KINDS = ("folder", "webdataset", "parquet")
+
+
+def detect_source(src: Any) -> str:
+    """What kind of source ``src`` is: ``"webdataset"`` (a ``.tar``, a brace pattern or glob of
+    them, a directory holding ``.tar`` files), ``"parquet"`` (a ``.parquet`` file, a directory
+    holding them, a ``datasets`` ``save_to_disk`` directory), else ``"folder"`` (an image
+    folder or a list file, as :func:`pack` reads)."""
+    if isinstance(src, (list, tuple)):
+        return "webdataset"
+    s = os.fspath(src)
+    if s.endswith(".tar") or ("{" in s and ".tar" in s):
+        return "webdataset"
+    if s.endswith(".parquet"):
+        return "parquet"
+    if os.path.isdir(s):
+        try:
+            names = os.listdir(s)
+        except OSError:
+            return "folder"
+        if "state.json" in names and any(n.endswith(".arrow") for n in names):
+            return "parquet"
+        if any(n.endswith(".tar") for n in names):
+            return "webdataset"
+        if any(n.endswith(".parquet") for n in names):
+            return "parquet"
+    return "folder"
+
+
+def pack_webdataset(src: Any, out: str | os.PathLike, *, json_fields: Sequence[str] | str | None = None, **options: Any) -> PackResult:
+    """Pack WebDataset tar shards into ``out`` with their fields (``docs/fields.md``).
+
+    ``src`` is a directory of ``.tar`` files, a ``.tar`` file, a brace pattern
+    (``"shards/{00000..00099}.tar"``) or a list of them; members are grouped by key as
+    WebDataset groups them, and each extension is a field of that name (``cls`` the label,
+    ``txt`` a str, ``json`` a str or, with ``json_fields="a,b"``, typed fields from it, others
+    bytes). A sample without an image or a field of the schema is skipped (listed in the
+    manifest). ``options`` are :func:`pack`'s.
+    """
+    from .convert_wds import WebDatasetSource
+
+    settings = _settings(out, **_options(options))
+    return _run(WebDatasetSource(src, json_fields=json_fields), settings)
+
+
+def pack_parquet(src: str | os.PathLike, out: str | os.PathLike, *, image_column: str | None = None, **options: Any) -> PackResult:
+    """Pack Parquet files (or a Hugging Face ``datasets`` ``save_to_disk`` directory) into ``out``.
+
+    The image column is ``image_column``, or the column named ``image``/``img``/``jpg``/...,
+    or the one binary column; every other column becomes a field of its name by its Arrow
+    type (``docs/fields.md``). ``options`` are :func:`pack`'s.
+    """
+    from .convert_parquet import ParquetSource
+
+    settings = _settings(out, **_options(options))
+    return _run(ParquetSource(src, image_column=image_column), settings)
+
+
+def _options(options: dict[str, Any]) -> dict[str, Any]:
+    """:func:`pack`'s options with their defaults; an unknown name is a ConfigError."""
+    kw: dict[str, Any] = dict(
+        workers=None, shard_size="1GB", on_error="skip", overwrite=False, resume=False, max_size=None,
+        quality=95, baseline=False, max_pixels=89_478_485, progress=True,
+    )  # fmt: skip
+    unknown = sorted(set(options) - set(kw))
+    if unknown:
+        raise ConfigError(f"unknown option(s) {', '.join(unknown)}; the options are {', '.join(kw)}")
+    kw.update(options)
+    return kw
+
+
 def pack_like_pil_loader(
     src: Any,
     out: str | os.PathLike,
@@ -643,4 +715,4 @@ def pack_like_pil_loader(
 pack.__doc__ = (pack.__doc__ or "") + _COMMON_DOC
 pack_dataset.__doc__ = (pack_dataset.__doc__ or "") + _COMMON_DOC
 
-__all__ = ["pack", "pack_dataset", "pack_like_pil_loader", "PackResult", "parse_size", "Progress", "PIL_LOADER_PIXELS"]
+__all__ = ["pack", "pack_dataset", "pack_webdataset", "pack_parquet", "detect_source", "SOURCE_KINDS", "pack_like_pil_loader", "PackResult", "parse_size", "Progress", "PIL_LOADER_PIXELS"]

@@ -75,6 +75,12 @@ def check_label(value: Any, where: str, classes: Sequence[str] | None) -> int:
     return v
 
 
+def reason_of(e: Exception, where: str) -> str:
+    """The reason an error gives for a refused sample, without the sample's name it starts with."""
+    text = str(e)
+    return printable(text[len(where) + 2 :] if text.startswith(f"{where}: ") else text)
+
+
 class FieldSource(Source):
     """A source whose samples carry typed fields: ``schema``, and each task's field block.
 
@@ -189,4 +195,4 @@ class DictDatasetSource(FieldSource):
         return task
 
 
-__all__ = ["FieldSource", "DictDatasetSource", "schema_of", "check_label"]
+__all__ = ["FieldSource", "DictDatasetSource", "schema_of", "check_label", "reason_of"]
