@@ -400,7 +400,7 @@ def encode_block(fields: Sequence[Field], values: dict[str, Any], *, where: str)
 
 
 def decode_block(fields: Sequence[Field], block: bytes | memoryview, *, check: bool = True, where: str = "record") -> dict[str, Any]:
-    """The values of a record's field block: ints, read-only NumPy arrays (native byte order),
+    """The values of a record's field block: ints, NumPy arrays (copies, in native byte order),
     bytes and str.
 
     Raises:
@@ -437,7 +437,6 @@ def decode_block(fields: Sequence[Field], block: bytes | memoryview, *, check: b
                     raise struct.error
                 a = np.frombuffer(mv[pos : pos + size], dtype=np.dtype(f.dtype).newbyteorder("<")).reshape(rows)
                 a = a.astype(np.dtype(f.dtype), copy=True)  # native order, and no view of the record
-                a.setflags(write=False)
                 out[f.name] = a
                 pos += size
                 continue

@@ -387,7 +387,7 @@ class Dataset:
     def fields(self, index: int, names: Sequence[str] | None = None) -> dict[str, Any]:
         """The values of sample ``index``'s fields (default: all of them but the image), by name.
 
-        ``label`` is the int of ``labels.bin``; typed fields are ints, read-only NumPy arrays,
+        ``label`` is the int of ``labels.bin``; typed fields are ints, NumPy arrays,
         ``bytes`` and ``str`` (:func:`fastload.fields.decode_block`); ``image`` the encoded bytes.
         The field block's check is verified when the dataset was opened with ``check``.
 
