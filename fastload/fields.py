@@ -23,7 +23,7 @@ The field block follows a record's payload: a ``<u4`` check (the low 32 bits of 
 ``label``, in schema order. Nothing is pickled.
 
 Users write kinds as spec strings: ``"int"``, ``"str"``, ``"bytes"``, ``"float32[512]"``
-(an array), ``"int32[]"`` (ragged), ``"float32[][4]"`` (ragged rows of 4).
+(an array), ``"float32"`` (a scalar), ``"int32[]"`` (ragged), ``"float32[][4]"`` (ragged rows of 4).
 """
 
 from __future__ import annotations
@@ -144,12 +144,14 @@ def parse_spec(name: str, spec: Any) -> Field:
         if spec.name != name:
             raise ConfigError(f"field {name!r}: a Field named {spec.name!r} was given for it")
         return spec
-    hint = "use int, str, bytes, label, DTYPE[N] (a fixed array), DTYPE[] or DTYPE[][N] (variable rows), DTYPE one of " + ", ".join(DTYPES)
+    hint = "use int, str, bytes, label, DTYPE (a scalar), DTYPE[N] (a fixed array), DTYPE[] or DTYPE[][N] (variable rows), DTYPE one of " + ", ".join(DTYPES)
     m = _SPEC_RE.match(spec) if isinstance(spec, str) else None
     if m is None:
         raise ConfigError(f"field {name!r}: cannot read the kind {reprlib.repr(spec)}; {hint}")
     base, dims = m.group(1), re.findall(r"\[([0-9]*)\]", m.group(2))
     if not dims:
+        if base in DTYPES:  # a scalar of that type
+            return Field(name, "array", base, ())
         if base not in ("int", "str", "bytes", "label", "image"):
             raise ConfigError(f"field {name!r}: cannot read the kind {spec!r}; {hint}")
         return Field(name, base)

@@ -121,6 +121,7 @@ def test_text_that_is_not_utf8_is_refused():
         ("str", Field("x", "str")),
         ("bytes", Field("x", "bytes")),
         ("float32[512]", Field("x", "array", "float32", (512,))),
+        ("float64", Field("x", "array", "float64", ())),
         ("int64[2][3]", Field("x", "array", "int64", (2, 3))),
         ("int32[]", Field("x", "ragged", "int32", ())),
         ("float32[][4]", Field("x", "ragged", "float32", (4,))),
