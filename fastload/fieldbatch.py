@@ -53,6 +53,9 @@ class FieldBatch(tuple):
             return tuple.__getitem__(self, names.index(name))
         raise AttributeError(f"FieldBatch has no field {name!r} (it has {', '.join(names)})")
 
+    def __reduce__(self) -> tuple:
+        return (FieldBatch, (self.names, tuple(self), self.lengths))
+
     def keys(self) -> tuple[str, ...]:
         return self.names
 

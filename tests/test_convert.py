@@ -272,3 +272,44 @@ def test_parquet_resume_is_identical(tmp_path, monkeypatch):
             assert (tmp_path / "out" / nm).read_bytes() == (tmp_path / "ref" / nm).read_bytes(), nm
     strip = lambda p: {k: v for k, v in json.loads((p / "manifest.json").read_text()).items() if k != "created"}  # noqa: E731
     assert strip(tmp_path / "out") == strip(tmp_path / "ref")
+
+
+def test_webdataset_resume_is_identical(tmp_path, monkeypatch):
+    write_tars(tmp_path / "tars", shards=3, per=12)
+    ref = fastload.pack_webdataset(tmp_path / "tars", tmp_path / "ref", shard_size="8KiB", workers=1, progress=False)
+    assert ref.num_shards >= 3
+    from fastload.packing import convert_wds
+
+    real = convert_wds.WebDatasetSource.task
+    calls = {"n": 0}
+
+    def stop(self, i):
+        calls["n"] += 1
+        if calls["n"] == 25:
+            raise KeyboardInterrupt
+        return real(self, i)
+
+    monkeypatch.setattr(convert_wds.WebDatasetSource, "task", stop)
+    with pytest.raises(KeyboardInterrupt):
+        fastload.pack_webdataset(tmp_path / "tars", tmp_path / "out", shard_size="8KiB", workers=1, progress=False)
+    monkeypatch.undo()
+    assert json.loads((tmp_path / "out.partial" / "journal.json").read_text())["shards"]
+    fastload.pack_webdataset(tmp_path / "tars", tmp_path / "out", shard_size="8KiB", workers=1, progress=False, resume=True)
+    for nm in sorted(os.listdir(tmp_path / "ref")):
+        if nm != "manifest.json":
+            assert (tmp_path / "out" / nm).read_bytes() == (tmp_path / "ref" / nm).read_bytes(), nm
+    strip = lambda p: {k: v for k, v in json.loads((p / "manifest.json").read_text()).items() if k != "created"}  # noqa: E731
+    assert strip(tmp_path / "out") == strip(tmp_path / "ref")
+
+
+def test_parquet_cli_errors_are_one_line(tmp_path, capsys):
+    pq.write_table(parquet_table(0, 3), tmp_path / "a.parquet")
+    for argv, msg in [
+        (["pack", str(tmp_path / "a.parquet"), str(tmp_path / "p"), "--json-fields", "a"], "--json-fields applies to a webdataset source"),
+        (["pack", str(tmp_path / "a.parquet"), str(tmp_path / "p"), "--image-column", "nope"], "'nope' is not a column"),
+        (["pack", str(tmp_path / "missing.parquet"), str(tmp_path / "p"), "--from", "parquet"], "no such file or directory"),
+    ]:
+        assert main(argv) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and msg in err[0], err
+    assert not (tmp_path / "p").exists()

@@ -140,6 +140,10 @@ def test_field_batch_reads_by_name():
     assert b["txt"] == b.txt == b[1] == ["a", "b"] and b.as_dict()["image"].shape == (2, 3)
     x, t = b
     assert t == ["a", "b"] and list(b.keys()) == ["image", "txt"]
+    import pickle
+
+    c = pickle.loads(pickle.dumps(b))
+    assert c.names == b.names and c.txt == ["a", "b"] and torch.equal(c.image, b.image)
     with pytest.raises(KeyError, match="'nope' is not a field of this batch"):
         b["nope"]
     with pytest.raises(AttributeError, match="has no field 'nope'"):
