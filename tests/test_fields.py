@@ -365,3 +365,29 @@ def test_inspect_shows_the_schema_and_statistics(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "fields:" in out and "tokens" in out and "int32[]" in out and "length min 0  median 2.0  max 4" in out
     assert main(["verify", str(tmp_path / "o")]) == 0
+
+
+def test_a_manifest_declaring_fields_over_records_without_them_is_reported(tmp_path):
+    class Pairs:
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return np.full((16, 16, 3), value(i), np.uint8), 0
+
+    fastload.pack_dataset(Pairs(), tmp_path / "o", workers=1, progress=False)
+    mp = tmp_path / "o" / "manifest.json"
+    m = json.loads(mp.read_text())
+    m.update(version="3.0", fields=[{"name": "image", "kind": "image"}, {"name": "label", "kind": "label"}, {"name": "txt", "kind": "str"}])
+    mp.write_text(json.dumps(m))
+    ds = fastload.Dataset(tmp_path / "o")
+    with pytest.raises(CorruptDataError, match="sample 1: record version 2 has no field block, but the manifest declares fields"):
+        ds.field_values([1])
+    assert any("record version 2 has no field block" in p for p in fastload.verify(tmp_path / "o").problems)
+
+
+def test_a_ragged_count_past_the_block_allocates_nothing():
+    f = [Field("t", "ragged", "float64", (1024,))]
+    forged = _block(struct.pack("<I", 2**32 - 1) + b"\x00" * 16)  # 4 billion rows of 8 KiB claimed
+    with pytest.raises(CorruptDataError, match="ends inside field 't'"):
+        decode_block(f, forged)

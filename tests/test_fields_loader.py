@@ -200,3 +200,18 @@ def test_multi_label_bce_loop_on_a_vector_field(captioned):
                 opt.step()
                 losses.append(loss.item())
     assert np.mean(losses[-3:]) < np.mean(losses[:3])
+
+
+def test_an_altered_field_is_a_loader_error_naming_the_sample(tmp_path):
+    out = tmp_path / "o"
+    fastload.pack_dataset(Captioned(), out, workers=1, progress=False)
+    p = out / "shard-00000.lmdb"
+    data = bytearray(p.read_bytes())
+    k = data.find(b"label 2 index 17")
+    assert k > 0
+    data[k] ^= 1
+    p.write_bytes(bytes(data))
+    with FastLoader(out, 6, fields=("image", "txt"), device="cpu", crop=24, shuffle=False) as L:
+        with pytest.raises(fastload.LoaderError, match=r"sample 17: field block checksum mismatch"):
+            for _ in L:
+                pass
