@@ -19,7 +19,10 @@
    epoch, then one timed epoch; images/s is the median over repeats, with the min-max spread, and
    the speed-up the median of the per-repeat ratios.
 
-Writes ``benchmarks/results/fields/report.md`` and ``results.json``.
+Writes ``benchmarks/results/fields/report.md`` and ``results.json``. ``--kinds
+fastload,fastload-plain --modes loader`` measures instead what the captions cost: the same
+FastLoader with ``fields=`` against it without (``[images, labels]`` batches), written under
+``benchmarks/results/fields/fastload-vs-fastload-plain/``.
 """
 
 from __future__ import annotations
@@ -59,11 +62,26 @@ def write_tars(images: Path, tars: Path, shards: int = 8) -> list[str]:
     return paths
 
 
-def _fastload(packed: str, device: str, seed: int):
+def _fastload(packed: str, device: str, seed: int, fields: bool = True):
     import fastload
 
-    loader = fastload.FastLoader(packed, BATCH, fields=("image", "txt", "label"), device=device, seed=seed)
-    return loader
+    if not fields:  # the same dataset as [images, labels] batches: what reading the captions costs
+        return _Plain(fastload.FastLoader(packed, BATCH, device=device, seed=seed))
+    return fastload.FastLoader(packed, BATCH, fields=("image", "txt", "label"), device=device, seed=seed)
+
+
+class _Plain:
+    """A FastLoader without fields, its batches given an empty caption each (for the same loop)."""
+
+    def __init__(self, loader) -> None:
+        self.loader = loader
+
+    def __iter__(self):
+        for images, labels in self.loader:
+            yield images, [""] * len(labels), labels
+
+    def close(self) -> None:
+        self.loader.close()
 
 
 def _webloader(tars: list[str], seed: int):
@@ -90,7 +108,10 @@ def one(kind: str, mode: str, packed: str, tars: list[str], device: str, seed: i
 
     from fastload.bench.models import SmallCNN
 
-    loader = _fastload(packed, device, seed) if kind == "fastload" else _webloader(tars, seed)
+    if kind == "webloader":
+        loader = _webloader(tars, seed)
+    else:
+        loader = _fastload(packed, device, seed, fields=kind == "fastload")
     model = SmallCNN(classes).to(device) if mode == "train" else None
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9) if model is not None else None
     crit = torch.nn.CrossEntropyLoss()
@@ -138,6 +159,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--modes", default="loader,train")
+    ap.add_argument("--kinds", default="fastload,webloader", help="fastload, webloader, fastload-plain (no fields=)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fields"))
     ap.add_argument("--one", nargs=5, metavar=("KIND", "MODE", "SEED", "CLASSES", "ARGS_JSON"), help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -161,7 +183,7 @@ def main() -> None:
     runs = []
     for r in range(a.repeats):
         for mode in a.modes.split(","):
-            for kind in ("fastload", "webloader"):
+            for kind in a.kinds.split(","):
                 cmd = [sys.executable, __file__, "--device", a.device, "--one", kind, mode, str(r), str(classes), extra]
                 out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
                 if out.returncode != 0:
@@ -171,19 +193,20 @@ def main() -> None:
                 print(f"repeat {r} {mode:6s} {kind:9s} {row['images_per_s']:7.1f} images/s ({row['images']} images)", flush=True)
     summary = {}
     for mode in a.modes.split(","):
-        by = {k: [x["images_per_s"] for x in runs if x["mode"] == mode and x["kind"] == k] for k in ("fastload", "webloader")}
-        ratios = [f / w for f, w in zip(by["fastload"], by["webloader"])]
+        kinds = a.kinds.split(",")
+        by = {k: [x["images_per_s"] for x in runs if x["mode"] == mode and x["kind"] == k] for k in kinds}
+        ratios = [f / w for f, w in zip(by[kinds[0]], by[kinds[1]])]
         summary[mode] = {
             **{k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in by.items()},
             "speedup": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "per_repeat": ratios},
         }
     res = {"machine": machine(), "device": a.device, "batch": BATCH, "images": runs[0]["images"], "summary": summary, "runs": runs,
            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
-    out = Path(a.out)
+    out = Path(a.out) if a.kinds == "fastload,webloader" else Path(a.out) / a.kinds.replace(",", "-vs-")
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
     lines = [
-        f"# FastLoader(fields=) vs webdataset.WebLoader ({a.device}, {res['when']})",
+        f"# {' vs '.join(a.kinds.split(','))} ({a.device}, {res['when']})",
         "",
         f"Machine: {res['machine']['nproc']} CPUs ({res['machine']['cpu']}), torch {res['machine']['torch']}, "
         f"webdataset {res['machine']['webdataset']}. Shared with other jobs while measuring: the numbers are noisy.",
@@ -191,11 +214,11 @@ def main() -> None:
         "224x224 RandomResizedCrop + flip + normalize; each cell a separate process (warm-up epoch, then a timed epoch); "
         f"{a.repeats} interleaved repeats, medians (min-max).",
         "",
-        "| mode | FastLoader images/s | WebLoader images/s | speed-up |",
+        f"| mode | {a.kinds.split(',')[0]} images/s | {a.kinds.split(',')[1]} images/s | ratio |",
         "|---|---|---|---|",
     ]
     for mode, s in summary.items():
-        f, w, sp = s["fastload"], s["webloader"], s["speedup"]
+        f, w, sp = s[a.kinds.split(",")[0]], s[a.kinds.split(",")[1]], s["speedup"]
         lines.append(f"| {mode} | {f['median']:.0f} ({f['min']:.0f}-{f['max']:.0f}) | {w['median']:.0f} ({w['min']:.0f}-{w['max']:.0f}) | "
                      f"{sp['median']:.2f}x ({sp['min']:.2f}-{sp['max']:.2f}) |")  # fmt: skip
     lines += ["", f"Goal: >= {TARGET}x."]
