@@ -24,11 +24,12 @@ from .profile import profile
 from .checks import inspect, verify
 from .reader import Dataset
 from .sample import make_sample
-from .packing import PackResult, pack, pack_dataset
+from .packing import PackResult, pack, pack_dataset, pack_parquet, pack_webdataset
+from .fields import Field, Schema
 
 # FastLoader and Augment import torch (FastLoader DALI too): load it on first use so that `fastload pack`
 # and `import fastload` stay light and work where DALI is not installed.
-_LAZY = {"FastLoader": "loader", "Augment": "settings", "IMAGENET_MEAN": "settings", "IMAGENET_STD": "settings"}
+_LAZY = {"FastLoader": "loader", "FieldBatch": "fieldbatch", "Augment": "settings", "IMAGENET_MEAN": "settings", "IMAGENET_STD": "settings"}
 
 
 def __getattr__(name: str):
@@ -45,6 +46,11 @@ __all__ = [
     "Dataset",
     "pack",
     "pack_dataset",
+    "pack_webdataset",
+    "pack_parquet",
+    "Field",
+    "Schema",
+    "FieldBatch",
     "PackResult",
     "inspect",
     "verify",

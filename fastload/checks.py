@@ -17,8 +17,10 @@ from .format import (
     decode_header,
     jpeg_frame,
     payload_size,
+    record_field_values,
     record_payload,
 )
+from .fields import FieldStats
 from .imaging import pil_settings
 from .reader import claimed_samples_problem, read_manifest
 from .store import (
@@ -88,7 +90,32 @@ def inspect(path: str | os.PathLike) -> dict[str, Any]:
         "height": st["height"],
         "skipped": len(m.skipped),
         "options": m.options,
+        "fields": _fields_info(m),
     }
+
+
+def _fields_info(m: Any) -> list[dict[str, Any]]:
+    """The schema with each typed field's statistics from the manifest (lengths, value ranges)."""
+    st = m.stats.get("fields", {}) if isinstance(m.stats, dict) else {}
+    st = st if isinstance(st, dict) else {}
+    out = []
+    for f in m.schema:
+        d = {"name": f.name, "kind": f.spec}
+        extra = st.get(f.name)
+        if isinstance(extra, dict):
+            d.update({k: v for k, v in extra.items() if k in ("length", "min", "max")})
+        out.append(d)
+    return out
+
+
+def _field_line(d: dict[str, Any]) -> str:
+    parts = [f"  {printable(d['name']):<16} {printable(d['kind']):<14}"]
+    n = d.get("length")
+    if isinstance(n, dict):
+        parts.append(f"length min {n.get('min')}  median {n.get('median')}  max {n.get('max')}")
+    if "min" in d:
+        parts.append(f"values {printable(str(d.get('min')))} .. {printable(str(d.get('max')))}")
+    return "  ".join(parts).rstrip()
 
 
 def format_inspect(info: dict[str, Any], *, max_classes: int = 50) -> str:
@@ -115,6 +142,11 @@ def format_inspect(info: dict[str, Any], *, max_classes: int = 50) -> str:
         f"width        min {w['min']}  median {w['median']}  max {w['max']}",
         f"height       min {h['min']}  median {h['median']}  max {h['max']}",
         f"skipped      {info['skipped']}",
+    ]
+    if len(info.get("fields", [])) > 2 or any(f["kind"] != k for f, k in zip(info.get("fields", []), ("image", "label"))):
+        lines.append("fields:")
+        lines.extend(_field_line(d) for d in info["fields"])
+    lines += [
         "class counts:",
     ]
     for c in info["classes"][:max_classes]:
@@ -188,6 +220,8 @@ def verify(path: str | os.PathLike, *, decode: bool = False) -> VerifyReport:
 
     root = Path(path)
     m = read_manifest(root)
+    stored = m.schema.stored
+    field_stats = FieldStats(stored)
     problems: list[str] = []
     labels = None
     lp = root / LABELS_NAME
@@ -258,6 +292,9 @@ def verify(path: str | os.PathLike, *, decode: bool = False) -> VerifyReport:
                             raise CorruptDataError(
                                 f"{where}: its payload declares {declared[0]}x{declared[1]} pixels, the header says {h.width}x{h.height}"
                             )
+                        values = record_field_values(v, h, stored, where=where)  # the block's check, every field
+                        if stored:
+                            field_stats.add(values)
                         if decode:  # also what the payload's headers cannot show: that it decodes
                             why = _decode_problem(payload, h.encoding, h.width, h.height)
                             if why:
@@ -276,6 +313,8 @@ def verify(path: str | os.PathLike, *, decode: bool = False) -> VerifyReport:
         problems.extend(bad[:MAX_PROBLEMS_PER_SHARD])
         if len(bad) > MAX_PROBLEMS_PER_SHARD:
             problems.append(f"bad shard {shown}: ... and {len(bad) - MAX_PROBLEMS_PER_SHARD} more bad samples")
+    if stored and not problems and isinstance(m.stats, dict) and m.stats.get("fields") != field_stats.to_json():
+        problems.append(f"{root / 'manifest.json'}: stats.fields differ from the fields in the shards (the manifest was altered)")
     return VerifyReport(root, problems, len(m.shards), samples, bool(decode))
 
 

@@ -18,7 +18,7 @@ import sys
 from typing import Sequence
 
 from .version import __version__
-from .errors import FastloadError, printable
+from .errors import ConfigError, FastloadError, printable
 
 log = logging.getLogger("fastload")
 
@@ -191,7 +191,8 @@ def _add_pack(sub) -> None:
         "'path,label' rows) into the directory OUT: LMDB shards, labels.bin and manifest.json. "
         "JPEGs are stored byte for byte; other images become RGB JPEGs.",
     )
-    p.add_argument("src", metavar="SRC", help="ImageFolder directory or list file")
+    p.add_argument("src", metavar="SRC", help="ImageFolder directory or list file; WebDataset .tar shards (a directory, "
+                   "a .tar, a brace pattern); Parquet files or a datasets save_to_disk directory")
     p.add_argument("out", metavar="OUT", help="directory to create, or s3://bucket/prefix to upload to")
     p.add_argument("--workers", type=int, default=None, metavar="N", help="processes (default: all cores)")
     p.add_argument("--shard-size", default="1GB", metavar="SIZE", help="largest shard, like 1GB, 512MB, 64KiB (default 1GB)")
@@ -210,15 +211,31 @@ def _add_pack(sub) -> None:
     p.add_argument("--baseline", action="store_true", help="re-encode progressive JPEGs as baseline (for GPU hardware decoders)")
     p.add_argument("--max-pixels", type=int, default=89_478_485, metavar="N", help="refuse images with more pixels (default 89478485)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--from", dest="source_kind", choices=("folder", "webdataset", "parquet"), default=None,
+                   help="what SRC is (default: recognised from SRC; docs/fields.md)")
+    p.add_argument("--json-fields", default=None, metavar="A,B",
+                   help="webdataset: keys of each .json stored as typed fields (a,b or a:int,b:float32[3]) instead of the json text")
+    p.add_argument("--image-column", default=None, metavar="NAME", help="parquet: the column holding the images")
 
     def run(args) -> int:
-        from .packing import pack
+        from .packing import detect_source, pack, pack_parquet, pack_webdataset
 
-        res = pack(
-            args.src, args.out, workers=args.workers, shard_size=args.shard_size, on_error=args.on_error,
+        kind = args.source_kind or detect_source(args.src)
+        if args.json_fields is not None and kind != "webdataset":
+            raise ConfigError(f"--json-fields applies to a webdataset source; SRC {args.src} is read as {kind}")
+        if args.image_column is not None and kind != "parquet":
+            raise ConfigError(f"--image-column applies to a parquet source; SRC {args.src} is read as {kind}")
+        options = dict(
+            workers=args.workers, shard_size=args.shard_size, on_error=args.on_error,
             overwrite=args.overwrite, resume=args.resume, max_size=args.max_size, quality=args.quality,
             baseline=args.baseline, max_pixels=args.max_pixels, progress=not (args.no_progress or args.quiet),
         )  # fmt: skip
+        if kind == "webdataset":
+            res = pack_webdataset(args.src, args.out, json_fields=args.json_fields, **options)
+        elif kind == "parquet":
+            res = pack_parquet(args.src, args.out, image_column=args.image_column, **options)
+        else:
+            res = pack(args.src, args.out, **options)
         print(res.summary())
         from .reader import read_manifest
 

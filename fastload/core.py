@@ -105,6 +105,9 @@ class Core:
         num_threads, prefetch, seed, hw_decoder_load: the loader's settings of those names.
     """
 
+    #: ``FastLoader(fields=...)``'s :class:`fastload.fieldbatch.FieldRequest`, or None (batches ``[images, labels]``)
+    fields: Any = None
+
     def __init__(
         self, *, dataset: Dataset, plan: Any, max_batch: int, labels: np.ndarray, device: torch.device,
         augment: Augment, num_threads: int, prefetch: int, seed: int, hw_decoder_load: float | None,

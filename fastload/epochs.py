@@ -118,6 +118,8 @@ class EpochRun:
                 if batch.number in self.errors:
                     raise self.errors.pop(batch.number)
                 item = self._convert(outs[0], batch)
+                if item is not None and core.fields is not None:  # FastLoader(fields=...): the batch's typed fields
+                    item = (*item, core.dataset.field_values(batch.indices) if core.fields.stored else [{}] * len(batch.indices))
                 if not self._put(item):
                     continue
             if not self._stop.is_set():
@@ -339,13 +341,15 @@ class EpochIterator:
             run.finished = True
             run.join()
             raise item.exc
-        images, labels, event = item
+        images, labels, event, *fields = item
         if event is not None:
             current = torch.cuda.current_stream(self._device)
             current.wait_event(event)
             images.record_stream(current)
             labels.record_stream(current)
         run.yielded += 1
+        if fields:  # FastLoader(fields=...): a FieldBatch in the order asked for
+            return run.core.fields.collate(images, labels, fields[0], self._device)
         if self._collate is not None:  # as a DataLoader calls it: on the (image, label) items
             return self._collate(list(zip(images.unbind(0), labels.tolist())))
         return [images, labels]  # a list, as DataLoader's default collation of (image, label) items gives

@@ -13,7 +13,8 @@ A packed dataset is a directory::
 
 Record key: the sample's global index as 8-byte **big-endian** unsigned int, so
 LMDB's byte order equals index order. Record value: a 40-byte **little-endian**
-header (:data:`HEADER`), the UTF-8 source path, then the encoded image.
+header (:data:`HEADER`), the UTF-8 source path, then the encoded image; in format 3
+(a dataset with typed fields, :mod:`fastload.fields`) a field block follows the image.
 """
 
 from __future__ import annotations
@@ -29,18 +30,25 @@ from typing import Any, NamedTuple
 import xxhash
 
 from .errors import CorruptDataError, FormatError
+from .fields import CLASSIC, Field, Schema, decode_block
 
 FORMAT_NAME = "fastload"
 #: Manifest format version "MAJOR.MINOR". Readers refuse a newer MAJOR.
 FORMAT_VERSION = "2.0"
-FORMAT_MAJOR = 2
+#: The format version of a dataset with typed fields (record version 3: a field block after the payload).
+FIELDS_FORMAT_VERSION = "3.0"
+#: The newest MAJOR this fastload reads.
+FORMAT_MAJOR = 3
 
 #: Record header version written by this fastload (bumped with any change of :data:`HEADER`).
 #: Version 1 (format 1.x) checks the payload with zlib's CRC-32; version 2 (format 2.0, the same
 #: layout) with the low 32 bits of its XXH3-64 hash, which costs about a seventh as much.
 RECORD_VERSION = 2
+#: Record header version of a record with a field block after its payload (format 3.x): the
+#: same header and checksum as version 2.
+FIELDS_RECORD_VERSION = 3
 #: Record versions this fastload reads.
-READ_RECORD_VERSIONS = (1, 2)
+READ_RECORD_VERSIONS = (1, 2, 3)
 RECORD_MAGIC = b"FLRC"
 
 #: Record header, little-endian, 40 bytes:
@@ -235,7 +243,7 @@ def decode_header(value: bytes | memoryview, *, where: str = "record") -> Record
         )
     if enc not in ENCODINGS:
         raise CorruptDataError(f"{where}: unknown payload encoding {enc}")
-    if HEADER_SIZE + pathlen + plen != len(value):
+    if HEADER_SIZE + pathlen + plen != len(value) and (version != FIELDS_RECORD_VERSION or HEADER_SIZE + pathlen + plen + 4 > len(value)):
         raise CorruptDataError(
             f"{where}: header says {HEADER_SIZE}+{pathlen}+{plen} bytes but the record has {len(value)}"
         )
@@ -362,10 +370,47 @@ def json_path(s: str) -> str:
 
 def record_payload(value: bytes | memoryview, header: RecordHeader, *, check: bool = False, where: str = "record") -> bytes:
     """The encoded image bytes of a record, optionally checked against its checksum."""
-    payload = bytes(value[HEADER_SIZE + header.path_len :])
+    start = HEADER_SIZE + header.path_len
+    payload = bytes(value[start : start + header.payload_len])
     if check and payload_checksum(payload, header.version) != header.checksum:
         raise CorruptDataError(f"{where}: payload {checksum_name(header.version)} mismatch (the image bytes were altered)")
     return payload
+
+
+def record_fields(value: bytes | memoryview, header: RecordHeader) -> memoryview:
+    """The field block of a record (empty for records of version 1 and 2)."""
+    return memoryview(value)[HEADER_SIZE + header.path_len + header.payload_len :]
+
+
+def record_field_values(
+    value: bytes | memoryview, header: RecordHeader, stored: tuple[Field, ...], *, check: bool = True, where: str = "record"
+) -> dict[str, Any]:
+    """The typed field values of a record, whose dataset's block fields are ``stored``.
+
+    Raises:
+        CorruptDataError: the record has no field block though fields are declared (or one
+            though none are), or its block is damaged (:func:`fastload.fields.decode_block`).
+    """
+    if header.version != FIELDS_RECORD_VERSION:
+        if stored:
+            raise CorruptDataError(f"{where}: record version {header.version} has no field block, but the manifest declares fields")
+        return {}
+    if not stored:
+        raise CorruptDataError(f"{where}: the record has a field block, but the manifest declares no fields")
+    return decode_block(stored, record_fields(value, header), check=check, where=where)
+
+
+def fields_offset(header: RecordHeader) -> int:
+    """Where a record's field block starts in its value."""
+    return HEADER_SIZE + header.path_len + header.payload_len
+
+
+def with_field_block(record: bytes | bytearray, block: bytes) -> bytearray:
+    """A version-2 record made a version-3 one: its version set to 3 and ``block`` appended."""
+    out = bytearray(record)
+    struct.pack_into("<H", out, 4, FIELDS_RECORD_VERSION)
+    out += block
+    return out
 
 
 # --------------------------------------------------------------------------- manifest
@@ -428,6 +473,8 @@ class Manifest:
     created: str = ""
     fastload_version: str = ""
     version: str = FORMAT_VERSION
+    #: The typed fields (format 3); None for a dataset of the image and its label only.
+    fields: Schema | None = None
 
     @property
     def max_pixels(self) -> int:
@@ -457,6 +504,7 @@ class Manifest:
             "skipped": self.skipped,
             "stats": self.stats,
             "options": self.options,
+            **({"fields": self.fields.to_json()} if self.fields is not None else {}),
         }
 
     def dumps(self) -> str:
@@ -481,7 +529,7 @@ class Manifest:
             raise FormatError(f"{where}: unreadable format version {reprlib.repr(version)}") from None
         if major > FORMAT_MAJOR:
             raise FormatError(
-                f"{where}: format version {version} is newer than this fastload reads ({FORMAT_VERSION}); "
+                f"{where}: format version {version} is newer than this fastload reads ({FORMAT_MAJOR}.x); "
                 "upgrade fastload (pip install -U fastload)"
             )
         if major < 1:
@@ -514,6 +562,7 @@ class Manifest:
                 created=str(d.get("created", "")),
                 fastload_version=str(d.get("fastload_version", "")),
                 version=str(version),
+                fields=Schema.from_json(d["fields"], where=where) if "fields" in d else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:  # OverflowError: int(Infinity)
             raise FormatError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from None
@@ -541,3 +590,10 @@ class Manifest:
             raise FormatError(f"{where}: class_counts do not match classes and num_samples")
         if len({s.file for s in self.shards}) != len(self.shards):
             raise FormatError(f"{where}: duplicate shard file names")
+        if (self.fields is not None) != self.version.startswith("3."):
+            raise FormatError(f"{where}: a format-{self.version} manifest {'has' if self.fields is not None else 'lacks'} a fields list; the dataset is damaged")
+
+    @property
+    def schema(self) -> Schema:
+        """The dataset's fields: its ``fields``, or the image and label of a dataset without typed fields."""
+        return self.fields if self.fields is not None else CLASSIC

@@ -271,6 +271,15 @@ def _transformed_labels(labels: np.ndarray, target_transform: Any) -> np.ndarray
     return out
 
 
+def _block_defaults(order: str, block_size: int | None, window: int | None, packed: Any) -> tuple[int | None, int | None]:
+    """``order="block"``'s defaults where not given: runs of about 8 MiB of records, a window of 16 runs."""
+    if order != "block":
+        return block_size, window
+    if block_size is None:
+        block_size = block_size_for(sum(sh.bytes for sh in packed.manifest.shards) / len(packed))
+    return block_size, 16 if window is None else window
+
+
 class FastLoader:
     """Iterate ``(images, labels)`` batches of a packed dataset, decoded by DALI: a ``DataLoader`` drop-in.
 
@@ -346,6 +355,13 @@ class FastLoader:
             ``gs://``, ``az://``, ``https://``): the node cache's size limit (bytes or ``"50GB"``),
             the object store's endpoint and credentials, and the seconds a request is retried for
             (default 180); see ``docs/loader.md``, "Many nodes".
+        fields: the fields each batch holds, in order, such as ``("image", "txt", "label")``, of a
+            packed dataset with typed fields (``docs/fields.md``); each batch is then a
+            :class:`fastload.FieldBatch` (a tuple in this order, ``batch["txt"]`` by name). Default:
+            ``[images, labels]`` batches, as today.
+        pad_to: with ``fields``, pad (or truncate) ragged fields such as token ids to this many rows
+            (an int, or a dict of field name -> int): one tensor per field, with the lengths in
+            ``batch.lengths[name]``; default: a list of tensors per ragged field.
     """
     def __init__(
         self,
@@ -397,6 +413,8 @@ class FastLoader:
         cache_limit: int | str | None = None,
         storage_options: dict | None = None,
         retry_deadline: float | None = None,
+        fields: Sequence[str] | None = None,
+        pad_to: int | dict[str, int] | None = None,
     ) -> None:
         # 1. the DataLoader arguments that do not apply: kept as attributes, like a DataLoader's
         ignored = {
@@ -434,10 +452,7 @@ class FastLoader:
         # 3. the dataset, its labels, and this rank's plan of each epoch
         remote = _remote_options(dataset, cache_limit=cache_limit, storage_options=storage_options, retry_deadline=retry_deadline)
         packed = self._open(source, check=check, cache_dir=cache_dir, progress=progress, user_batches=user_batches, remote=remote)
-        if order == "block" and block_size is None:  # runs of about 8 MiB of records
-            block_size = block_size_for(sum(sh.bytes for sh in packed.manifest.shards) / len(packed))
-        if order == "block" and window is None:
-            window = 16
+        block_size, window = _block_defaults(order, block_size, window, packed)
         if target_transform is None:
             target_transform = source.target_transform
         self._keep_settings(augment, batch_size=batch_size if batch_sampler is None else None, shuffle=shuffle,
@@ -445,6 +460,7 @@ class FastLoader:
                             num_threads=num_threads, order=order, block_size=block_size, window=window)  # fmt: skip
         self._keep_samplers(sampler, batch_sampler, user_batches, rank=rank, world_size=world_size)
         self._labels = packed.labels if target_transform is None else _transformed_labels(packed.labels, target_transform)
+        self._fields = self._check_fields(packed, fields, pad_to)
         self._init = {
             "dataset": packed if isinstance(packed, DatasetView) else (getattr(packed, "url", None) or str(packed.path)), "batch_size": batch_size, "shuffle": shuffle, "sampler": sampler,
             "batch_sampler": batch_sampler, "drop_last": drop_last, "generator": generator, **ignored,
@@ -452,7 +468,7 @@ class FastLoader:
             "transform": augment, "device": None if device is None else str(self.device),
             "num_threads": self.num_threads, "prefetch": prefetch, "seed": seed, "rank": rank, "world_size": world_size,
             "pad": pad, "order": order, "block_size": block_size, "window": window, "hw_decoder_load": hw_decoder_load,
-            "check": check, "target_transform": target_transform, **(packed.remote.options if getattr(packed, "remote", None) else {}),
+            "check": check, "target_transform": target_transform, **(packed.remote.options if getattr(packed, "remote", None) else {}), **({"fields": fields, "pad_to": pad_to} if fields is not None else {}),
         }  # fmt: skip
         self._given = {k: v for k, v in given.items() if _given(k, v)}  # they override a transform assigned later
         self.dataset = LoaderDataset(
@@ -556,7 +572,22 @@ class FastLoader:
         )  # fmt: skip
         if self.order == "block" and self.shuffle:  # ReadAhead reads each run once, sequentially
             core.read_ahead.runs = self.block_size
+        core.fields = self._fields
         return core
+
+    def _check_fields(self, packed: Dataset, fields: Any, pad_to: Any) -> Any:
+        """``fields=`` and ``pad_to=`` checked against the dataset's schema (None: ``[images, labels]`` batches)."""
+        if fields is None:
+            if pad_to is not None:
+                raise ConfigError(f"pad_to={pad_to!r} is given without fields=; name the ragged fields to pad, e.g. fields=('image', 'tokens')")
+            return None
+        from .fieldbatch import FieldRequest
+
+        if isinstance(packed, DatasetView):
+            raise ConfigError("fields= reads a packed dataset directly; a Subset/ConcatDataset of packed parts yields [images, labels] only")
+        if self.collate_fn is not default_collate:
+            raise ConfigError("fields= and collate_fn cannot be combined: a FieldBatch is already collated (apply your function to it in the loop)")
+        return FieldRequest(packed.schema, fields, pad_to)
 
     def _make_plan(self) -> None:
         """The epoch plan, samplers and batch bound for this rank and world size."""

@@ -37,8 +37,13 @@ from .format import (
     jpeg_frame,
     payload_checksum,
     payload_size,
+    FIELDS_RECORD_VERSION,
+    fields_offset,
+    record_field_values,
     record_path,
+    record_payload,
 )
+from .fields import Schema, decode_block
 from .store import (
     READ_SLACK,
     DamagedShardError,
@@ -323,10 +328,10 @@ class Dataset:
             raise CorruptDataError(f"{self._where(k, i)}{e}") from None
         start = HEADER_SIZE + header.path_len
         if len(value) == n:
-            payload = bytes(value[start:])
+            payload = bytes(value[start : start + header.payload_len])
             path = bytes(value[HEADER_SIZE:start]) if want_path else None
         else:  # only the value's start was read: the payload straight into its bytes object
-            payload = f.pread(off + start, n - start, i)
+            payload = f.pread(off + start, header.payload_len, i)
             path = None
             if want_path:
                 path = bytes(value[HEADER_SIZE:start]) if start <= len(value) else f.pread(off + HEADER_SIZE, header.path_len, i)
@@ -405,14 +410,80 @@ class Dataset:
                 except CorruptDataError as e:
                     raise CorruptDataError(f"{self._where(k, i)}{e}") from None
                 a = start + HEADER_SIZE + header.path_len
-                self._check_payload(k, i, header, view[a : start + n], check)
+                end = a + header.payload_len  # a field block (format 3) follows the payload
+                self._check_payload(k, i, header, view[a:end], check)
             except FormatError as e:
                 errors[p] = e
                 continue
-            payloads[p] = buffer[a : start + n]
+            payloads[p] = buffer[a:end]
             widths[p], heights[p] = header.width, header.height
             pos = start + n
         return RecordBatch(payloads, widths, heights, errors, buffer)
+
+    @property
+    def schema(self) -> Schema:
+        """The dataset's fields (:class:`fastload.fields.Schema`): the image, the label, and any typed fields."""
+        return self.manifest.schema
+
+    def fields(self, index: int, names: Sequence[str] | None = None) -> dict[str, Any]:
+        """The values of sample ``index``'s fields (default: all of them but the image), by name.
+
+        ``label`` is the int of ``labels.bin``; typed fields are ints, NumPy arrays,
+        ``bytes`` and ``str`` (:func:`fastload.fields.decode_block`); ``image`` the encoded bytes.
+        The field block's check is verified when the dataset was opened with ``check``.
+
+        Raises:
+            KeyError: a name the schema does not have.
+            CorruptDataError: the record or its field block is damaged.
+        """
+        schema = self.schema
+        want = [f.name for f in schema if f.kind != "image"] if names is None else list(names)
+        for name in want:
+            schema[name]  # KeyError for an unknown name
+        i = self._index(index)
+        out: dict[str, Any] = {}
+        stored = schema.stored
+        if "image" in want or any(schema[n].stored for n in want):
+            header, value, where = self.raw(i)
+            if "image" in want:
+                out["image"] = record_payload(value, header, check=self.check, where=where)
+            if any(schema[n].stored for n in want):
+                vals = record_field_values(value, header, stored, check=self.check, where=where)
+                out.update((n, vals[n]) for n in want if n in vals)
+        if "label" in want:
+            out["label"] = int(self._labels[i])
+        return {n: out[n] for n in want}
+
+    def field_values(self, indices: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
+        """The typed field values (the block fields, :attr:`schema` ``.stored``) of many samples, in order.
+
+        Reads only each record's header and field block, never its image (a record read whole
+        only when it is small); the block's check is verified when the dataset was opened with
+        ``check``. The loader's producer thread calls it for every batch of ``fields=``.
+
+        Raises:
+            CorruptDataError: a record or its field block is damaged (naming its shard and sample).
+        """
+        stored = self.schema.stored
+        out = []
+        for index in (indices.tolist() if isinstance(indices, np.ndarray) else indices):
+            i = self._index(index)
+            k = bisect.bisect_right(self._firsts, i) - 1
+            f = self._file(k)
+            try:
+                value, n, off = f.read(i, _HEAD)
+                header = decode_header(value if len(value) == n else ValueHead(value, n), where="")
+                start = fields_offset(header)
+                block = value[start:] if len(value) == n else f.pread(off + start, n - start, i)
+                if header.version != FIELDS_RECORD_VERSION or not stored:
+                    out.append(record_field_values(b"", header, stored, where=""))  # says what is wrong
+                    continue
+                out.append(decode_block(stored, block, check=self.check, where=""))
+            except DamagedShardError as e:
+                raise CorruptDataError(f"{e}; run `fastload verify {self.path}`") from None
+            except CorruptDataError as e:  # the sample named only now: a path join per sample costs a fifth of the read
+                raise CorruptDataError(f"{self._where(k, i)}{e}") from None
+        return out
 
     def _where(self, k: int, i: int) -> str:
         return f"{self.path / self.manifest.shards[k].file} sample {i}"

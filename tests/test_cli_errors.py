@@ -48,7 +48,7 @@ def world(tmp_path_factory) -> dict[str, Path]:
     variants = {
         "garbage": lambda d: (d / MANIFEST_NAME).write_bytes(random.Random(0).randbytes(300)),
         "foreign": lambda d: (d / MANIFEST_NAME).write_text(json.dumps({**m, "format": "webdataset"})),
-        "newer": lambda d: (d / MANIFEST_NAME).write_text(json.dumps({**m, "version": "3.0"})),
+        "newer": lambda d: (d / MANIFEST_NAME).write_text(json.dumps({**m, "version": "4.0"})),
         "deep": lambda d: (d / MANIFEST_NAME).write_text("[" * 100_000),
         "truncated": lambda d: (d / m["shards"][0]["file"]).write_bytes((packed / m["shards"][0]["file"]).read_bytes()[:5000]),
         "randomshard": lambda d: (d / m["shards"][0]["file"]).write_bytes(random.Random(1).randbytes(m["shards"][0]["bytes"])),
@@ -102,7 +102,7 @@ CASES = [
     (["inspect", "{garbage}"], "manifest.json: not valid JSON"),
     (["inspect", "{deep}"], "manifest.json: not valid JSON (nested too deeply)"),
     (["inspect", "{foreign}"], "not a fastload manifest (format='webdataset')"),
-    (["inspect", "{newer}"], "format version 3.0 is newer than this fastload reads"),
+    (["inspect", "{newer}"], "format version 4.0 is newer than this fastload reads"),
     (["inspect", "{truncated}"], "5000 bytes, the manifest says"),
     (["inspect", "{randomshard}"], "damaged shard (not an LMDB file (bad meta page))"),
     (["inspect", "{packed}", "--yaml"], "unrecognized arguments: --yaml"),

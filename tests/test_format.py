@@ -79,7 +79,7 @@ def test_keys_are_big_endian_so_byte_order_is_index_order():
     [
         (lambda v: v[:10], "shorter than its 40-byte header"),
         (lambda v: b"XXXX" + v[4:], "bad record magic"),
-        (lambda v: v[:4] + b"\x03\x00" + v[6:], "record version 3 is not supported"),
+        (lambda v: v[:4] + b"\x04\x00" + v[6:], "record version 4 is not supported"),
         (lambda v: v[:4] + b"\x00\x00" + v[6:], "record version 0 is not supported"),
         (lambda v: v[:6] + b"\x09" + v[7:], "unknown payload encoding 9"),
         (lambda v: v + b"extra", "header says"),
@@ -161,7 +161,7 @@ def test_format_1_manifests_are_still_read():
     [
         (lambda d: "not json{", "not valid JSON"),
         (lambda d: {**d, "format": "webdataset"}, "not a fastload manifest"),
-        (lambda d: {**d, "version": "3.0"}, "newer than this fastload reads"),
+        (lambda d: {**d, "version": "4.0"}, "newer than this fastload reads"),
         (lambda d: {**d, "version": "0.9"}, "not supported"),
         (lambda d: {k: v for k, v in d.items() if k != "classes"}, "malformed manifest"),
         (lambda d: {**d, "num_samples": 6}, "shards hold 5 samples"),

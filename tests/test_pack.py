@@ -687,7 +687,7 @@ def test_reader_refusals(tmp_path, make_folder):
 
     newer = tmp_path / "newer"
     newer.mkdir()
-    (newer / "manifest.json").write_text(json.dumps({**m, "version": "3.0"}))
+    (newer / "manifest.json").write_text(json.dumps({**m, "version": "4.0"}))
     with pytest.raises(FormatError, match="newer than this fastload reads.*upgrade"):
         fastload.Dataset(newer)
 

@@ -9,6 +9,9 @@ One job per module, each importing only the ones below it::
     journal.py   the resume journal; fsync, atomic-write, lock and thread-start helpers
     images.py    one image -> its stored form: JPEG header scan, EXIF, conversion, resize, limits
     sources.py   what to pack: ImageFolder scan, list files, Python datasets -> tasks
+    samples.py   samples with typed fields: schema inferred and checked, field blocks; dict datasets
+    convert_wds.py      WebDataset tar shards as a source (members grouped by key, extensions as fields)
+    convert_parquet.py  Parquet files and datasets' save_to_disk directories as a source
 
 Reading finished shards (a resumed pack re-reads the ones it keeps) goes through the
 read side, :mod:`fastload.store`; nothing on the read side imports this package.
@@ -16,6 +19,6 @@ read side, :mod:`fastload.store`; nothing on the read side imports this package.
 
 from __future__ import annotations
 
-from .run import PackResult, pack, pack_dataset, parse_size
+from .run import PackResult, detect_source, pack, pack_dataset, pack_parquet, pack_webdataset, parse_size
 
-__all__ = ["pack", "pack_dataset", "PackResult", "parse_size"]
+__all__ = ["pack", "pack_dataset", "pack_webdataset", "pack_parquet", "detect_source", "PackResult", "parse_size"]

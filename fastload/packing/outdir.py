@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, PackError, printable
-from ..format import LABELS_DTYPE, LABELS_NAME, MANIFEST_NAME, Manifest, ShardInfo, shard_name
+from ..format import FIELDS_FORMAT_VERSION, FORMAT_VERSION, LABELS_DTYPE, LABELS_NAME, MANIFEST_NAME, Manifest, ShardInfo, shard_name
 from ..store import HeaderStats, file_sha256, iter_headers
 from ..version import __version__
 from .journal import JOURNAL_FORMAT, JOURNAL_NAME, Journal, atomic_write, fsync_dir, hold_lock, release_lock
@@ -583,6 +583,8 @@ def finalize(
     counts = np.bincount(labels, minlength=len(classes)).tolist()
     shards = [ShardInfo.from_json({k: s[k] for k in ("file", "first", "count", "bytes", "sha256")}, where=JOURNAL_NAME) for s in journal.shards]
     raw = labels.tobytes()
+    schema = getattr(source, "schema", None)
+    fields = schema if schema is not None and not schema.plain else None
     manifest = Manifest(
         num_samples=len(labels),
         classes=list(classes),
@@ -590,7 +592,9 @@ def finalize(
         shards=shards,
         labels_sha256=hashlib.sha256(raw).hexdigest(),
         skipped=list(journal.skipped),
-        stats=stats.to_json(),
+        stats={**stats.to_json(), **({"fields": source.field_stats.to_json()} if fields is not None else {})},  # type: ignore[attr-defined]
+        version=FIELDS_FORMAT_VERSION if fields is not None else FORMAT_VERSION,
+        fields=fields,
         options={**options, "source": journal.source, "on_error": on_error},
         created=datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
         fastload_version=__version__,

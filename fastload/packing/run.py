@@ -17,6 +17,7 @@ How a pack runs:
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import fractions
 import logging
@@ -33,13 +34,15 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import BadImageError, ConfigError, PackError, printable
-from ..format import FORMAT_VERSION, Manifest, ShardInfo, decode_header, json_path
+from ..fields import decode_block
+from ..format import FIELDS_FORMAT_VERSION, FORMAT_VERSION, Manifest, ShardInfo, decode_header, json_path, record_fields, with_field_block
 from ..remote.url import is_url
-from ..store import HeaderStats
+from ..store import HeaderStats, iter_records, open_shard_readonly
 from .images import ImageOptions
 from .journal import JOURNAL_NAME, Journal
 from .outdir import PARTIAL_SUFFIX, SourceGuard, check_out, discard_partial, finalize, prepare_partial
 from .shards import ShardWriter, write_error
+from .samples import DictDatasetSource, FieldSource
 from .sources import DatasetSource, Source, open_source
 from .workers import Results
 
@@ -344,14 +347,14 @@ class PackResult:
 
 
 
-def _options_json(shard_size: int, opts: ImageOptions) -> dict[str, Any]:
+def _options_json(shard_size: int, opts: ImageOptions, fields: bool = False) -> dict[str, Any]:
     d = {
         "shard_size": shard_size,
         "max_size": opts.max_size,
         "quality": opts.quality,
         "baseline": opts.baseline,
         "max_pixels": opts.max_pixels,
-        "format_version": FORMAT_VERSION,
+        "format_version": FIELDS_FORMAT_VERSION if fields else FORMAT_VERSION,
     }
     if opts.pil_loader:  # only then: every other pack's options (and journals) stay as they were
         d["pixels"] = PIL_LOADER_PIXELS
@@ -374,7 +377,7 @@ def _run(source: Source, settings: _Settings) -> PackResult:
     guard.check(partial, f"OUT {printable(os.fspath(out_p))}: the unfinished pack")
     check_out(out_p, settings.overwrite)
 
-    options = _options_json(settings.shard_size, settings.image)
+    options = _options_json(settings.shard_size, settings.image, isinstance(source, FieldSource) and not source.schema.plain)
     stats = HeaderStats()
     journal, lock = prepare_partial(
         partial, out_p, Journal(json_path(source.description), source.fingerprint(), options),
@@ -446,6 +449,9 @@ def _write(
         on_shard=on_shard, snapshot=lambda: len(skipped),
     )  # fmt: skip
     bar = Progress(len(source), start, settings.progress)
+    fielded = isinstance(source, FieldSource) and not source.schema.plain
+    if fielded and journal.shards:  # a resumed pack: the kept shards' fields count in the statistics
+        _count_kept_fields(source, partial, journal)
     results = None
     nbytes = 0
     try:
@@ -453,6 +459,7 @@ def _write(
             results = Results(source.tasks(start), opts, nworkers)
             pos = start
             for pos, res in enumerate(results, start):
+                block = source.take_block(pos) if fielded else None  # type: ignore[attr-defined]
                 if isinstance(res, tuple):
                     _tag, where, reason = res
                     if on_error == "fail":
@@ -460,6 +467,9 @@ def _write(
                     skipped.append({"path": json_path(where), "reason": reason})
                     log.debug("skipped %s: %s", where, reason)
                 else:
+                    if block is not None:
+                        res = with_field_block(res, block)
+                        source.field_stats.add(decode_block(source.schema.stored, block, check=False))  # type: ignore[attr-defined]
                     stats.add(decode_header(res))
                     writer.add(res, pos)
                     nbytes += len(res)
@@ -487,6 +497,17 @@ def _write(
     except BaseException as e:  # nothing is deleted: the finished pack is resumable
         _log_stopped(e, partial)
         raise
+
+
+def _count_kept_fields(source: FieldSource, partial: Path, journal: Journal) -> None:
+    """Add the fields of the shards a resumed pack keeps to ``source.field_stats``."""
+    stored = source.schema.stored
+    for s in journal.shards:
+        p = str(partial / s["file"])
+        with open_shard_readonly(p) as scan:
+            for _i, v in iter_records(scan, p):
+                value = bytes(v)
+                source.field_stats.add(decode_block(stored, record_fields(value, decode_header(value, where=p)), where=p))
 
 
 class _NothingPacked(Exception):
@@ -586,6 +607,7 @@ def pack_dataset(
     out: str | os.PathLike,
     *,
     classes: Sequence[str] | None = None,
+    fields: dict[str, Any] | None = None,
     workers: int | None = None,
     shard_size: int | str = "1GB",
     on_error: str = "skip",
@@ -598,20 +620,109 @@ def pack_dataset(
     progress: bool = True,
     storage_options: dict | None = None,
 ) -> PackResult:
-    """Pack a map-style dataset of ``(image, label)`` items into ``out``.
+    """Pack a map-style dataset of ``(image, label)`` items, or of dicts of fields, into ``out``.
 
     ``image`` is a PIL image, an HxW / HxWx3 (or x1, x4) uint8 array or encoded bytes;
     ``label`` an int. Items are fetched in index order in this process. ``classes``
     defaults to ``dataset.classes`` if present, else ``"0" .. str(max label)``. An item
     whose fetch raises is a refused image (skipped or failed per ``on_error``).
+
+    Items that are dicts (``{"image": ..., "label": ..., "caption": "..."}``) carry typed
+    fields (``docs/fields.md``): the schema is inferred from the first item, or declared for
+    some fields with ``fields`` (name -> kind such as ``"int32[]"``, ``"float32[10]"``, ``"str"``),
+    and every item is checked against it (a :class:`ConfigError` names the item and the field).
+    The dataset is then written in format 3.0.
     """
     settings = _settings(
         out, workers=workers, shard_size=shard_size, on_error=on_error, overwrite=overwrite, resume=resume,
         max_size=max_size, quality=quality, baseline=baseline, max_pixels=max_pixels, progress=progress,
         storage_options=storage_options,
     )  # fmt: skip
-    source = DatasetSource(dataset, classes)
-    return _run(source, settings)
+    return _run(_dataset_source(dataset, classes, fields), settings)
+
+
+def _dataset_source(dataset: Any, classes: Sequence[str] | None, fields: dict[str, Any] | None) -> Source:
+    """A :class:`DictDatasetSource` for a dataset of dicts (or with ``fields``), else a :class:`DatasetSource`."""
+    if fields is None:
+        try:
+            first = dataset[0] if len(dataset) > 0 else None
+        except Exception:  # noqa: BLE001 - DatasetSource says what is wrong with it, or refuses the item
+            first = None
+        if not isinstance(first, collections.abc.Mapping):
+            return DatasetSource(dataset, classes)
+    return DictDatasetSource(dataset, classes, fields)
+
+
+#: The kinds of source ``fastload pack --from`` names.
+SOURCE_KINDS = ("folder", "webdataset", "parquet")
+
+
+def detect_source(src: Any) -> str:
+    """What kind of source ``src`` is: ``"webdataset"`` (a ``.tar``, a brace pattern or glob of
+    them, a directory holding ``.tar`` files), ``"parquet"`` (a ``.parquet`` file, a directory
+    holding them, a ``datasets`` ``save_to_disk`` directory), else ``"folder"`` (an image
+    folder or a list file, as :func:`pack` reads)."""
+    if isinstance(src, (list, tuple)):
+        return "webdataset"
+    s = os.fspath(src)
+    if s.endswith(".tar") or ("{" in s and ".tar" in s):
+        return "webdataset"
+    if s.endswith(".parquet"):
+        return "parquet"
+    if os.path.isdir(s):
+        try:
+            names = os.listdir(s)
+        except OSError:
+            return "folder"
+        if "state.json" in names and any(n.endswith(".arrow") for n in names):
+            return "parquet"
+        if any(n.endswith(".tar") for n in names):
+            return "webdataset"
+        if any(n.endswith(".parquet") for n in names):
+            return "parquet"
+    return "folder"
+
+
+def pack_webdataset(src: Any, out: str | os.PathLike, *, json_fields: Sequence[str] | str | None = None, **options: Any) -> PackResult:
+    """Pack WebDataset tar shards into ``out`` with their fields (``docs/fields.md``).
+
+    ``src`` is a directory of ``.tar`` files, a ``.tar`` file, a brace pattern
+    (``"shards/{00000..00099}.tar"``) or a list of them; members are grouped by key as
+    WebDataset groups them, and each extension is a field of that name (``cls`` the label,
+    ``txt`` a str, ``json`` a str or, with ``json_fields="a,b"``, typed fields from it, others
+    bytes). A sample without an image or a field of the schema is skipped (listed in the
+    manifest). ``options`` are :func:`pack`'s.
+    """
+    from .convert_wds import WebDatasetSource
+
+    settings = _settings(out, **_options(options))
+    return _run(WebDatasetSource(src, json_fields=json_fields), settings)
+
+
+def pack_parquet(src: str | os.PathLike, out: str | os.PathLike, *, image_column: str | None = None, **options: Any) -> PackResult:
+    """Pack Parquet files (or a Hugging Face ``datasets`` ``save_to_disk`` directory) into ``out``.
+
+    The image column is ``image_column``, or the column named ``image``/``img``/``jpg``/...,
+    or the one binary column; every other column becomes a field of its name by its Arrow
+    type (``docs/fields.md``). ``options`` are :func:`pack`'s.
+    """
+    from .convert_parquet import ParquetSource
+
+    settings = _settings(out, **_options(options))
+    return _run(ParquetSource(src, image_column=image_column), settings)
+
+
+def _options(options: dict[str, Any]) -> dict[str, Any]:
+    """:func:`pack`'s options with their defaults; an unknown name is a ConfigError."""
+    kw: dict[str, Any] = dict(
+        workers=None, shard_size="1GB", on_error="skip", overwrite=False, resume=False, max_size=None,
+        quality=95, baseline=False, max_pixels=89_478_485, progress=True,
+    )  # fmt: skip
+    unknown = sorted(set(options) - set(kw))
+    if unknown:
+        raise ConfigError(f"unknown option(s) {', '.join(unknown)}; the options are {', '.join(kw)}")
+    kw.update(options)
+    return kw
 
 
 def pack_like_pil_loader(
@@ -653,4 +764,4 @@ def pack_like_pil_loader(
 pack.__doc__ = (pack.__doc__ or "") + _COMMON_DOC
 pack_dataset.__doc__ = (pack_dataset.__doc__ or "") + _COMMON_DOC
 
-__all__ = ["pack", "pack_dataset", "pack_like_pil_loader", "PackResult", "parse_size", "Progress", "PIL_LOADER_PIXELS"]
+__all__ = ["pack", "pack_dataset", "pack_webdataset", "pack_parquet", "detect_source", "SOURCE_KINDS", "pack_like_pil_loader", "PackResult", "parse_size", "Progress", "PIL_LOADER_PIXELS"]
