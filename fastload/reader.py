@@ -155,6 +155,12 @@ class Dataset:
             :attr:`path` is the dataset's directory in the cache and :attr:`url` the URL.
     """
 
+    #: Where a URL's files come from (:class:`fastload.remote.RemoteShards`) and the URL; None for a
+    #: directory, and for views of datasets (:class:`fastload.composite.DatasetView`), which read
+    #: through their parts.
+    remote: Any = None
+    url: str | None = None
+
     def __init__(
         self, path: str | os.PathLike, *, check: bool = False, cache_dir: str | os.PathLike | None = None,
         cache_limit: int | str | None = None, storage_options: dict | None = None, retry_deadline: float | None = None,
