@@ -67,7 +67,8 @@ declare -A TESTS=(
         tests/test_scale.py::test_block_order_rank_shares_are_contiguous_stretches
         tests/test_scale.py::test_block_order_arguments
         tests/test_scale.py::test_block_order_function_and_block_size_for"
-    [fastload/resume.py]="tests/test_oracles_sampler.py
+    [fastload/resume.py]="tests/test_oracles_resume.py
+        tests/test_oracles_sampler.py
         tests/test_elastic.py::test_an_interrupted_epoch_resumed_on_another_world_reads_every_sample_once
         tests/test_elastic.py::test_merge_states_of_ranks_at_different_batches_is_exact
         tests/test_elastic.py::test_merge_states_refuses_states_of_different_loaders
@@ -88,7 +89,7 @@ declare -A TESTS=(
     [fastload/packing/images.py]="tests/test_pack_pixels.py tests/test_big_images.py"
     [fastload/packing/sources.py]="tests/test_sources.py tests/test_input_pack.py"
     [fastload/profile.py]="tests/test_profile.py"
-    [fastload/bench/report.py]="tests/test_bench.py"
+    [fastload/bench/report.py]="tests/test_oracles_report.py"
 )
 ALL=(fastload/augment.py fastload/sampler.py fastload/resume.py fastload/dlcompat.py fastload/transforms.py
      fastload/host.py fastload/cache.py fastload/reader.py fastload/store/ fastload/packing/images.py
