@@ -80,7 +80,7 @@ declare -A TESTS=(
         tests/test_hostile3_loader.py::test_load_state_dict_with_out_of_range_intervals_is_a_config_error
         tests/test_loader.py::test_state_dict_resume_yields_exactly_the_rest
         tests/test_loader.py::test_load_state_dict_refuses_mismatch"
-    [fastload/dlcompat.py]="tests/test_dropin.py tests/test_oracles_sampler.py"
+    [fastload/dlcompat.py]="tests/test_oracles_dlcompat.py tests/test_dropin.py tests/test_oracles_sampler.py"
     [fastload/transforms.py]="tests/test_transforms.py"
     [fastload/host.py]="tests/test_host.py"
     [fastload/cache.py]="tests/test_cache.py tests/test_cache_fidelity.py"
