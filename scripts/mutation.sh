@@ -87,7 +87,7 @@ declare -A TESTS=(
     [fastload/reader.py]="tests/test_reader.py tests/test_hostile_read.py"
     [fastload/store/]="tests/test_format.py tests/test_hostile_read.py tests/test_truncated_checks.py"
     [fastload/packing/images.py]="tests/test_pack_pixels.py tests/test_big_images.py"
-    [fastload/packing/sources.py]="tests/test_sources.py tests/test_input_pack.py"
+    [fastload/packing/sources.py]="tests/test_oracles_sources.py tests/test_sources.py tests/test_input_pack.py"
     [fastload/profile.py]="tests/test_oracles_profile.py tests/test_profile.py"
     [fastload/bench/report.py]="tests/test_oracles_report.py"
 )
