@@ -82,7 +82,7 @@ declare -A TESTS=(
         tests/test_loader.py::test_load_state_dict_refuses_mismatch"
     [fastload/dlcompat.py]="tests/test_oracles_dlcompat.py tests/test_dropin.py tests/test_oracles_sampler.py"
     [fastload/transforms.py]="tests/test_transforms.py"
-    [fastload/host.py]="tests/test_host.py"
+    [fastload/host.py]="tests/test_oracles_host.py tests/test_host.py"
     [fastload/cache.py]="tests/test_cache.py tests/test_cache_fidelity.py"
     [fastload/reader.py]="tests/test_reader.py tests/test_hostile_read.py"
     [fastload/store/]="tests/test_format.py tests/test_hostile_read.py tests/test_truncated_checks.py"
