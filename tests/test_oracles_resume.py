@@ -590,3 +590,45 @@ def test_upgrade_v1_refuses_another_world_or_batch_and_incomplete_states():
     old = v1_state(sh, epoch=1, done=1)
     del old["seed"], old["rank"]
     raises(lambda: upgrade_v1(old, plan, sh), "state lacks seed, rank: not a complete FastLoader state_dict")
+
+
+# ----------------------------------------------------------------------------- properties (hypothesis)
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+HYP = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+
+
+@HYP
+@given(
+    n=st.integers(1, 40), w1=st.integers(1, 4), b1=st.integers(1, 5), w2=st.integers(1, 4), b2=st.integers(1, 5),
+    kind=st.sampled_from(list(KINDS)), pad=st.booleans(), data=st.data(),
+)  # fmt: skip
+def test_merge_then_resume_reads_every_sample_once(n, w1, b1, w2, b2, kind, pad, data):
+    """For any dataset size, worlds, batch sizes, order and per-rank stopping points: the merged state's
+    ``consumed`` is exactly what the ranks read (brute force), and the ranks of another world resuming
+    it read each of the other samples exactly once (without drop_last, nothing is lost)."""
+    ps = plans(n, w1, b1, kind, pad=pad)
+    total = len(ps[0])
+    counts = [data.draw(st.integers(0, len(p)), label=f"rank {r}") for r, p in enumerate(ps)]
+    sh = shape_of(kind, n, w1, b1, pad=pad)
+    merged = merge_states([make_state(p, sh, epoch=2, done=c) for p, c in zip(ps, counts)])
+    got = read(ps, 2, counts, n)
+    assert merged["consumed"] == runs(got) and merged["samples_consumed"] == len(got)
+    assert total == len(ps[0])
+    rest: list[int] = []
+    sh2 = shape_of(kind, n, w2, b2, pad=pad)
+    for plan in plans(n, w2, b2, kind, pad=pad):
+        pos = resume_position(merged, plan, sh2, sampler_name="x")
+        if pos.epoch != 2:  # nothing left of epoch 2 here
+            continue
+        plan.resume(pos.epoch, pos.consumed)
+        for b in plan.batches(pos.epoch, pos.batch):
+            rest += [int(p) for p in b.positions if p < n]
+    assert not set(rest) & got
+    left = sorted(set(range(n)) - got)
+    if pad:  # every rank reads its whole share of the remainder; padding repeats, positions do not
+        assert sorted(set(rest)) == left
+    else:
+        assert sorted(rest) == left
