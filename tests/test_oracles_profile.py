@@ -402,3 +402,82 @@ def test_good_edge_arguments_are_accepted_as_given():
     with pytest.raises(ConfigError) as e:
         fastload.profile(5)
     assert str(e.value) == "profile(loader=...): expected an iterable of batches, got int"
+
+
+def test_a_failing_writer_is_dropped_with_one_warning_and_the_loop_goes_on(clock, caplog):
+    """Kills: the writer kept after it failed (a warning per step), the warning's text, the loop stopped."""
+
+    class Broken:
+        calls = 0
+
+        def add_scalar(self, tag, value, step):
+            Broken.calls += 1
+            raise OSError("disk full")
+
+    with caplog.at_level(logging.WARNING, logger="fastload.profile"):
+        prof = run(clock, [1.0] * 4, [1.0] * 4, writer=Broken(), log_every=1)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["fastload.profile: writer.add_scalar failed (disk full); no more scalars"]
+    assert Broken.calls == 1 and prof.writer is None and prof.stats()["steps"] == 4
+
+
+def test_aggregates_skip_unknown_values_and_write_utilisation(clock, monkeypatch):
+    """Kills: None values written, the utilisation aggregates left out or from the wrong sampler."""
+    monkeypatch.setattr(prof_mod, "make_cpu_sampler", lambda: Sampler([30.0]))
+    monkeypatch.setattr(prof_mod, "make_gpu_sampler", lambda: Sampler([70.0]))
+
+    class Writer:
+        def __init__(self) -> None:
+            self.got = []
+
+        def add_scalar(self, tag, value, step):
+            self.got.append((tag, value, step))
+
+    w = Writer()
+    loader = TimedLoader(clock, [1.0, 1.0], batch=[{"x": 1}])  # samples unknown: no images/s
+    run(clock, None, [1.0, 1.0], loader=loader, writer=w)
+    agg = {t: (v, s) for t, v, s in w.got if t not in ("fastload/wait_ms", "fastload/step_ms")}
+    assert agg == {"fastload/wait_fraction": (0.5, 2), "fastload/gpu_util": (70.0, 2), "fastload/cpu_util": (30.0, 2)}
+    assert all(type(v) is float for v, _ in agg.values())
+
+
+def test_no_thread_to_spare_means_no_utilisation_not_a_failure(clock, monkeypatch):
+    """Kills: a thread that cannot start failing the loop, or its reason lost."""
+    monkeypatch.setattr(prof_mod, "make_cpu_sampler", lambda: Sampler([30.0]))
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(prof_mod.threading.Thread, "start", refuse)
+    prof = run(clock, [1.0] * 2, [1.0] * 2)
+    s = prof.stats()
+    assert s["steps"] == 2
+    assert (s["cpu_util"], s["cpu_reason"]) == ("unavailable", "no sampling thread (can't start new thread)")
+    assert (s["gpu_util"], s["gpu_reason"]) == ("unavailable", "no sampling thread (can't start new thread)")
+
+
+def test_samplers_are_made_per_loop_and_their_reasons_refreshed(clock, monkeypatch):
+    """A sampler unavailable at the start but available at the end reports no reason; one whose close
+    fails does not fail the loop. Kills: the reason kept from the start, the close error raised."""
+    made = []
+
+    class Flaky(Sampler):
+        def close(self):
+            raise OSError("close failed")
+
+    def make():
+        s = Flaky([50.0], available=False, reason="warming up")
+        made.append(s)
+        return s
+
+    monkeypatch.setattr(prof_mod, "make_cpu_sampler", make)
+    loader = TimedLoader(clock, [1.0] * 2)
+    prof = fastload.profile(loader, sample_interval=1000.0, sync_cuda=False)
+    for i, _ in enumerate(prof):
+        made[-1].available = True  # becomes readable during the loop
+        clock.t += 1.0
+    s = prof.stats()
+    assert s["cpu_util"] == {"mean": 50.0, "max": 50.0, "samples": 1} and s["cpu_reason"] == ""
+    for _ in prof:
+        pass
+    assert len(made) == 2  # a new sampler for the second loop
