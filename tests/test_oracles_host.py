@@ -15,7 +15,6 @@ import io
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from fastload import host
