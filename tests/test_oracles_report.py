@@ -379,3 +379,17 @@ def test_add_environment_records_this_machine_and_these_versions():
     assert set(v) == {"fastload", "python", "torch", "torchvision", "dali", "pil", "numpy", "lmdb", "cuda_toolkit"}
     if not torch.cuda.is_available():
         assert m["gpus"] == [] and m["cuda"] != "available"
+
+
+def test_write_report_into_an_existing_folder_and_the_files_key_last(tmp_path):
+    """A second report into the same folder replaces the first; ``files`` is the JSON's last key even
+    when the result held one first, and non-ASCII names are written as they are. Kills: ``exist_ok``
+    dropped (a second run fails), the stale ``files`` kept in place."""
+    r = {"files": {"old": "x"}, **_md_result()}
+    r["loaders"][0]["name"] = "Ä–ø"
+    out = tmp_path / "same"
+    report.write_report(r, out)
+    files = report.write_report(r, out)
+    text = (out / "report.json").read_text(encoding="utf-8")
+    assert list(json.loads(text)) == [k for k in r if k != "files"] + ["files"]
+    assert json.loads(text)["files"] == files and '"Ä–ø"' in text
