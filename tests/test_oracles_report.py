@@ -393,3 +393,14 @@ def test_write_report_into_an_existing_folder_and_the_files_key_last(tmp_path):
     text = (out / "report.json").read_text(encoding="utf-8")
     assert list(json.loads(text)) == [k for k in r if k != "files"] + ["files"]
     assert json.loads(text)["files"] == files and '"Ä–ø"' in text
+
+
+def test_markdown_of_missing_and_infinite_numbers():
+    """Unknown numbers are "-", an infinite one "inf". Kills: the None tests of the percent and
+    utilisation cells inverted or their dash changed, the number format's case."""
+    z = loader("Z", "DataLoader", _lo(100.0, 50.0, math.inf), {"verdict": "unknown", "gpu_util": None, "cpu_util": ""})
+    r = result([z, loader("F", "FastLoader", _lo(200.0))])
+    report.summarise(r)
+    lines = report.render_markdown(r).splitlines()
+    assert "| Z | DataLoader | 100 | 50 | inf | 1.00x | - |" in lines
+    assert "| Z | - | - | - | - | - | - | - | unknown |" in lines
