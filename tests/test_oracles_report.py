@@ -404,3 +404,59 @@ def test_markdown_of_missing_and_infinite_numbers():
     lines = report.render_markdown(r).splitlines()
     assert "| Z | DataLoader | 100 | 50 | inf | 1.00x | - |" in lines
     assert "| Z | - | - | - | - | - | - | - | unknown |" in lines
+
+
+def test_the_whole_markdown_document_written_out():
+    """Every line in its place, blank lines included (the lines alone are checked above). Kills: a
+    separator or blank line changed or dropped, sections reordered, a table header changed."""
+    r = _md_result()
+    want = "\n".join([
+        "# fastload benchmark", "",
+        "**FastLoader: 0.41x the best DataLoader (images/s, loader only); training waits 5% vs 25% of each step**", "",
+        "1,200 images in 3 classes (`/d`, ImageFolder `/imgs`), device `cpu`, batch 16, 32x32 float32 normalized, "
+        "created 2026-12-01T00:00:00Z.", "",
+        "![images/s per loader; step time split into waiting and computing](report.png)", "",
+        "## Loader only", "",
+        "Images/s pulling batches as fast as possible (moved to the device when the loader leaves them on the host); "
+        "3 repeats interleaved across loaders (repeat 1 of every loader, then repeat 2, ...), each a new epoch with "
+        "1 warm-up batches left out.", "",
+        "| loader | kind | images/s (median) | min | max | vs best DataLoader | first batch (s) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+        "| A | DataLoader | 1,234 | 1,000 | 1,501 | 1.00x | 0.46 |",
+        "| B | DataLoader | 250 | 225 | 275 | 0.20x | - |",
+        "| F | FastLoader | 500 | 450 | 550 | 0.41x | - |",
+        "| G | FastLoader | 300 | 270 | 330 | 0.24x | - |",
+        "| H\\|x | FastLoader | failed | - | - | - | - |",
+        "| N | DataLoader | 50 | 45 | 55 | 0.04x | - |", "",
+        "## Training loop", "",
+        "Model `small-cnn` trained for 5 steps after 1 warm-up steps (torch threads: 2), measured with "
+        "`fastload.profile`: waiting = time blocked on the next batch.", "",
+        "| loader | images/s | waiting | computing | step (ms, mean) | wait (ms, mean) | GPU util | CPU util (all cores) | verdict |",
+        "|---|---:|---:|---:|---:|---:|---|---|---|",
+        "| A | 988 | 25% | 75% | 12.3 | 3.1 | 81% (max 99%) | 40% (max 61%) | input-bound |",
+        "| B | 200 | 60% | 40% | 10.0 | 6.0 | unavailable | 50% (max 75%) | compute-bound |",
+        "| F | 400 | 5% | 95% | 10.0 | 0.5 | unavailable | 50% (max 75%) | compute-bound |",
+        "| G | 350 | 10% | 90% | 10.0 | 1.0 | unavailable | 50% (max 75%) | compute-bound |",
+        "| H\\|x | failed | - | - | - | - | - | - | - |",
+        "| N | not run | - | - | - | - | - | - | - |", "",
+        "## Memory", "", report._MEMORY_NOTE, "",
+        "| loader | anonymous RSS | file-backed pages | GPU memory in use | added by its first repeat (anon / file / GPU) |",
+        "|---|---:|---:|---|---|",
+        "| A | 300 MB | 20 MB | unavailable (none) | +10 MB / -2 MB / unavailable |",
+        "| B | 2,048 MB | 0 MB | 1,024 MB of 16 GiB | +0 MB / +0 MB / +5 MB |",
+        "| F | 0 MB | - | unavailable | - |",
+        "| G | - | - | - | - |",
+        "| H\\|x | - | - | - | - |",
+        "| N | - | - | - | - |", "",
+        "## Failures", "", "- H\\|x: `RuntimeError: no`", "",
+        "## Machine", "",
+        "- CPU: Xeon, 2 usable of 4 cores, 8 GiB RAM",
+        "- GPU: H200 (139 GiB, sm 9.0, hardware JPEG decoder); T4 (15 GiB, sm 7.5), driver 550.1",
+        "- Linux-x", "",
+        "## Versions", "", "fastload 1.0, torch 2.x", "",
+        "## Settings", "",
+        "`batch_size=16 crop=32 device=cpu model=small-cnn repeats=3 train_steps=5 train_threads=2 warmup=1`", "",
+        "Total run time 12 s. Every number is in `report.json`.", "",
+        "## Notes", "", "- a note", "- pipe \\| here",
+    ]) + "\n"  # fmt: skip
+    assert report.render_markdown(r) == want
