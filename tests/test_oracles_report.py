@@ -460,3 +460,33 @@ def test_the_whole_markdown_document_written_out():
         "## Notes", "", "- a note", "- pipe \\| here",
     ]) + "\n"  # fmt: skip
     assert report.render_markdown(r) == want
+
+
+def test_the_charts_layout_read_back(tmp_path, monkeypatch):
+    """The chart's smaller settings as the figure holds them. Kills: whisker caps, text alignment and
+    sizes, margins, the legend's place, columns and frame, the second axis' empty tick labels, the
+    suptitle's size, the figure left open."""
+    import matplotlib.pyplot as plt
+
+    cap = _Capture(monkeypatch)
+    r = _md_result()
+    report.plot(r, tmp_path / "c.png")
+    fig = cap.fig
+    ax1, ax2 = fig.axes[:2]
+    n = len(r["loaders"])
+    caps = [line for line in ax1.lines if line.get_marker() in ("|", "_")]
+    assert caps and all(line.get_markersize() == 3 * 2 for line in caps)  # capsize=3: markers of 2 * capsize
+    assert all(t.get_va() == "center" for t in ax1.texts + ax2.texts)
+    assert all(t.get_fontsize() == 8 for t in ax2.texts)
+    assert [t.get_fontsize() for t in ax1.get_yticklabels()] == [8] * n
+    assert ax1.margins() == (0.2, pytest.approx(ax1.margins()[1])) and ax2.margins()[0] == 0.25
+    assert [t.get_text() for t in ax2.get_yticklabels()] == [""] * n
+    assert list(ax2.get_yticks()) == list(range(n))
+    leg = ax2.get_legend()
+    assert (leg._loc, leg._ncols, leg.get_frame_on()) == (9, 2, False)  # 9: "upper center"
+    assert all(t.get_fontsize() == 8 for t in leg.get_texts())
+    anchor = ax2.transAxes.inverted().transform(leg.get_bbox_to_anchor().get_points())
+    assert anchor.tolist() == pytest.approx([[0.5, -0.22], [0.5, -0.22]])
+    assert fig._suptitle.get_fontsize() == 9
+    assert tuple(fig.get_size_inches()) == (13, pytest.approx(2.2 + 0.6 * n))
+    assert fig.number not in plt.get_fignums()
