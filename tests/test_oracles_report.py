@@ -398,12 +398,15 @@ def test_write_report_into_an_existing_folder_and_the_files_key_last(tmp_path):
 def test_markdown_of_missing_and_infinite_numbers():
     """Unknown numbers are "-", an infinite one "inf". Kills: the None tests of the percent and
     utilisation cells inverted or their dash changed, the number format's case."""
-    z = loader("Z", "DataLoader", _lo(100.0, 50.0, math.inf), {"verdict": "unknown", "gpu_util": None, "cpu_util": ""})
+    z = loader("Z", "DataLoader", _lo(100.0, 50.0, math.inf, first=math.inf), {"verdict": "unknown", "gpu_util": None, "cpu_util": ""})
     r = result([z, loader("F", "FastLoader", _lo(200.0))])
     report.summarise(r)
     lines = report.render_markdown(r).splitlines()
-    assert "| Z | DataLoader | 100 | 50 | inf | 1.00x | - |" in lines
+    assert "| Z | DataLoader | 100 | 50 | inf | 1.00x | inf |" in lines
     assert "| Z | - | - | - | - | - | - | - | unknown |" in lines
+    alone = result([loader("F", "FastLoader", _lo(200.0, 150.0, 250.0, first=0.125))])  # no baseline: no ratio
+    report.summarise(alone)
+    assert "| F | FastLoader | 200 | 150 | 250 | - | 0.12 |" in report.render_markdown(alone).splitlines()
 
 
 def test_the_whole_markdown_document_written_out():
@@ -486,7 +489,7 @@ def test_the_charts_layout_read_back(tmp_path, monkeypatch):
     assert (leg._loc, leg._ncols, leg.get_frame_on()) == (9, 2, False)  # 9: "upper center"
     assert all(t.get_fontsize() == 8 for t in leg.get_texts())
     anchor = ax2.transAxes.inverted().transform(leg.get_bbox_to_anchor().get_points())
-    assert anchor.tolist() == pytest.approx([[0.5, -0.22], [0.5, -0.22]])
+    assert anchor.ravel().tolist() == pytest.approx([0.5, -0.22, 0.5, -0.22])
     assert fig._suptitle.get_fontsize() == 9
     assert tuple(fig.get_size_inches()) == (13, pytest.approx(2.2 + 0.6 * n))
     assert fig.number not in plt.get_fignums()
