@@ -398,12 +398,12 @@ def test_write_report_into_an_existing_folder_and_the_files_key_last(tmp_path):
 def test_markdown_of_missing_and_infinite_numbers():
     """Unknown numbers are "-", an infinite one "inf". Kills: the None tests of the percent and
     utilisation cells inverted or their dash changed, the number format's case."""
-    z = loader("Z", "DataLoader", _lo(100.0, 50.0, math.inf, first=math.inf), {"verdict": "unknown", "gpu_util": None, "cpu_util": ""})
+    z = loader("Z", "DataLoader", _lo(100.0, 50.0, math.inf, first=math.inf), {"step_ms": math.inf, "wait_ms": math.inf, "gpu_util": None, "cpu_util": ""})
     r = result([z, loader("F", "FastLoader", _lo(200.0))])
     report.summarise(r)
     lines = report.render_markdown(r).splitlines()
     assert "| Z | DataLoader | 100 | 50 | inf | 1.00x | inf |" in lines
-    assert "| Z | - | - | - | - | - | - | - | unknown |" in lines
+    assert "| Z | - | - | - | inf | inf | - | - | - |" in lines
     alone = result([loader("F", "FastLoader", _lo(200.0, 150.0, 250.0, first=0.125))])  # no baseline: no ratio
     report.summarise(alone)
     assert "| F | FastLoader | 200 | 150 | 250 | - | 0.12 |" in report.render_markdown(alone).splitlines()
