@@ -493,3 +493,18 @@ def test_the_charts_layout_read_back(tmp_path, monkeypatch):
     assert fig._suptitle.get_fontsize() == 9
     assert tuple(fig.get_size_inches()) == (13, pytest.approx(2.2 + 0.6 * n))
     assert fig.number not in plt.get_fignums()
+
+
+def test_the_chart_side_by_side_and_whiskers_of_a_steady_loader(tmp_path, monkeypatch):
+    """The two panels side by side (one row); a loader whose repeats were all alike has no whisker.
+    Kills: ``subplots(2)`` (one above the other), a whisker of at least 1 image/s."""
+    cap = _Capture(monkeypatch)
+    r = result([loader("S", "DataLoader", _lo(100.0, 100.0, 100.0)), loader("F", "FastLoader", _lo(200.0, 150.0, 250.0))])
+    report.summarise(r)
+    report.plot(r, tmp_path / "s.png")
+    ax1, ax2 = cap.fig.axes[:2]
+    p1, p2 = ax1.get_position(), ax2.get_position()
+    assert p1.x1 <= p2.x0 and abs(p1.y0 - p2.y0) < 0.05
+    segs = [c for c in ax1.collections if hasattr(c, "get_segments")][0].get_segments()
+    assert sorted([segs[0][0][0], segs[0][1][0]]) == [100.0, 100.0]
+    assert sorted([segs[1][0][0], segs[1][1][0]]) == [150.0, 250.0]
