@@ -480,6 +480,8 @@ def test_the_charts_layout_read_back(tmp_path, monkeypatch):
     caps = [line for line in ax1.lines if line.get_marker() in ("|", "_")]
     assert caps and all(line.get_markersize() == 3 * 2 for line in caps)  # capsize=3: markers of 2 * capsize
     assert all(t.get_va() == "center" for t in ax1.texts + ax2.texts)
+    ends = [(e["loader_only"]["images_per_s"]["max"] if e["loader_only"] else 0.0) for e in r["loaders"]]
+    assert [t.get_position()[0] for t in ax1.texts] == pytest.approx(ends)  # at the whisker's end
     assert all(t.get_fontsize() == 8 for t in ax2.texts)
     assert [t.get_fontsize() for t in ax1.get_yticklabels()] == [8] * n
     assert ax1.margins() == (0.2, pytest.approx(ax1.margins()[1])) and ax2.margins()[0] == 0.25
