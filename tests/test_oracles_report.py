@@ -124,6 +124,8 @@ def test_summary_of_partial_results(loaders, summary):
         ([], "no loader produced a measurement"),
         ([loader("X", "FastLoader", None, None, error="boom")], "FastLoader failed: boom"),
         ([loader("X", "FastLoader", None, None)], "FastLoader failed: no measurement"),
+        # an error after its loader-only repeats (training failed): still reported as failed
+        ([loader("X", "FastLoader", _lo(900.0), None, error="boom")], "FastLoader failed: boom"),
         ([loader("X", "FastLoader", None, None, error="boom"), loader("B", "DataLoader", _lo(2500.0))],
          "FastLoader failed: boom; best DataLoader: B at 2,500 images/s"),
         ([loader("B", "DataLoader", _lo(2500.0)), loader("A", "DataLoader", _lo(1000.0))],
