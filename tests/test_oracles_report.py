@@ -512,3 +512,36 @@ def test_the_chart_side_by_side_and_whiskers_of_a_steady_loader(tmp_path, monkey
     segs = [c for c in ax1.collections if hasattr(c, "get_segments")][0].get_segments()
     assert sorted([segs[0][0][0], segs[0][1][0]]) == [100.0, 100.0]
     assert sorted([segs[1][0][0], segs[1][1][0]]) == [150.0, 250.0]
+
+
+def test_add_environment_maps_a_gpu_machines_diagnosis(monkeypatch):
+    """What ``fastload.doctor.diagnose`` says on a machine with a GPU (written out as it reports one):
+    each device's four fields, "available", the versions with pillow-simd marked. Kills: a device
+    field read under another key, the CUDA line's default, the versions' error fallbacks."""
+    import fastload.doctor
+
+    pkg = lambda v, e=None: {"version": v, "error": e}  # noqa: E731
+    diag = {
+        "platform": "Linux-6", "fastload": "9.9", "python": {"version": "3.11.7"}, "driver": "550.54",
+        "cpu": {"model": "EPYC", "cores": 16, "usable_cores": 12, "memory_gb": 128.0},
+        "cuda": {"reason": "", "torch_cuda": "12.4", "devices": [
+            {"name": "H200", "memory_gb": 139.8, "capability": "9.0", "hw_jpeg_decoder": True, "extra": 1}]},
+        "packages": {"torch": pkg("2.5"), "torchvision": pkg(None, "not installed"), "dali": pkg("1.40"),
+                     "pil": {**pkg("10.3.0.post1"), "simd": True}, "numpy": pkg("2.0"), "lmdb": pkg("1.4")},
+    }  # fmt: skip
+    monkeypatch.setattr(fastload.doctor, "diagnose", lambda: diag)
+    r: dict = {}
+    report.add_environment(r)
+    assert r["machine"] == {
+        "platform": "Linux-6", "cpu": "EPYC", "cores": 16, "usable_cores": 12, "memory_gb": 128.0,
+        "gpus": [{"name": "H200", "memory_gb": 139.8, "capability": "9.0", "hw_jpeg_decoder": True}],
+        "cuda": "available", "driver": "550.54",
+    }  # fmt: skip
+    assert r["versions"] == {
+        "fastload": "9.9", "python": "3.11.7", "torch": "2.5", "torchvision": "not installed", "dali": "1.40",
+        "pil": "10.3.0.post1 (pillow-simd)", "numpy": "2.0", "lmdb": "1.4", "cuda_toolkit": "12.4",
+    }  # fmt: skip
+    diag["cuda"]["reason"] = "no NVIDIA driver"
+    diag["packages"]["pil"] = {**pkg(None, "broken"), "simd": False}
+    report.add_environment(r)
+    assert r["machine"]["cuda"] == "no NVIDIA driver" and r["versions"]["pil"] == "broken"
