@@ -481,3 +481,80 @@ def test_samplers_are_made_per_loop_and_their_reasons_refreshed(clock, monkeypat
     for _ in prof:
         pass
     assert len(made) == 2  # a new sampler for the second loop
+
+
+def test_numbers_before_any_step_and_of_a_loop_under_a_second(clock):
+    """Before any step every mean and quantile is None (not NaN); a loop of 0.5 s has its rates.
+    Kills: the p90s computed from no steps (NaN), ``elapsed > 1`` for ``> 0``."""
+    s = fastload.profile(TimedLoader(clock, [])).stats()
+    for k in ("wait_fraction", "wait_ms", "compute_ms", "step_ms", "step_ms_p50", "step_ms_p90", "wait_ms_p50",
+              "wait_ms_p90", "images_per_s", "steps_per_s"):  # fmt: skip
+        assert s[k] is None, k
+    assert (s["steps"], s["samples"], s["wait_s"], s["elapsed_s"]) == (0, 0, 0, 0)
+    s = run(clock, [0.125, 0.125], [0.125, 0.125]).stats()
+    assert (s["steps_per_s"], s["images_per_s"], s["elapsed_s"]) == (4.0, 16.0, 0.5)
+
+
+def test_summary_in_the_first_step_and_with_fractional_milliseconds(clock):
+    """Inside the first step nothing has been computed yet: "?" for compute and total; numbers are
+    shown to one decimal. Kills: "?" replaced, the format spec dropped (12.3456 shown whole)."""
+    loader = TimedLoader(clock, [0.0123456, 0.0123456])
+    prof = fastload.profile(loader, sample_interval=1000.0, sync_cuda=False, name="Q")
+    lines = None
+    for i, _ in enumerate(prof):
+        if i == 0:
+            lines = prof.summary().splitlines()
+        clock.t += 0.0376544
+    assert lines[1] == "  steps 1 (after 0 warm-up), per step: wait 12.3 ms, compute ? ms, total ? ms; 324 images/s"
+    assert prof.summary().splitlines()[1] == (
+        "  steps 2 (after 0 warm-up), per step: wait 12.3 ms, compute 37.7 ms, total 50.0 ms; 80 images/s"
+    )
+
+
+@pytest.mark.parametrize(
+    "affinity, cpu_count, cores",
+    [({0, 1, 2}, 2, 3), (None, 4, 4), (None, None, 1)],  # None: no os.sched_getaffinity (macOS)
+)
+def test_the_suggestion_counts_the_cores_this_process_may_use(clock, monkeypatch, affinity, cpu_count, cores):
+    """Kills: the affinity test inverted or misspelt (``cpu_count`` used where the affinity is
+    narrower), ``cpu_count() and 1``, ``or 2``."""
+    if affinity is None:
+        monkeypatch.delattr(prof_mod.os, "sched_getaffinity", raising=False)
+    else:
+        monkeypatch.setattr(prof_mod.os, "sched_getaffinity", lambda pid: affinity, raising=False)
+    monkeypatch.setattr(prof_mod.os, "cpu_count", lambda: cpu_count)
+    s = run(clock, None, [1.0] * 3, loader=WorkerLoader(clock, [3.0] * 3, 0)).stats()
+    assert s["suggestion"] == f"raise num_workers (now 0, the machine has {cores} cores), or {FIX}"
+
+
+def test_a_fastloader_without_a_device_attribute_gets_the_gpu_suggestion(clock):
+    class FastLoader:  # the class name is all the profiler needs; no device attribute at all
+        def __init__(self) -> None:
+            self.inner = TimedLoader(clock, [3.0] * 3)
+
+        def __iter__(self):
+            return iter(self.inner)
+
+    s = run(clock, None, [1.0] * 3, loader=FastLoader()).stats()
+    assert s["suggestion"].startswith("raise FastLoader(prefetch=...)")
+
+
+def test_a_writer_failing_on_the_aggregates_is_dropped_with_one_warning(clock, caplog):
+    """Kills: the aggregates' warning changed or its argument lost, the writer kept ("" for None)."""
+
+    class Picky:
+        def __init__(self) -> None:
+            self.got = []
+
+        def add_scalar(self, tag, value, step):
+            if tag == "fastload/wait_fraction":
+                raise ValueError("no such tag")
+            self.got.append(tag)
+
+    w = Picky()
+    with caplog.at_level(logging.WARNING, logger="fastload.profile"):
+        prof = run(clock, [1.0] * 4, [1.0] * 4, writer=w, log_every=2)
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "fastload.profile: writer.add_scalar failed (no such tag); no more scalars"
+    ]
+    assert prof.writer is None and w.got == ["fastload/wait_ms", "fastload/step_ms"] * 2
