@@ -558,3 +558,77 @@ def test_a_writer_failing_on_the_aggregates_is_dropped_with_one_warning(clock, c
         "fastload.profile: writer.add_scalar failed (no such tag); no more scalars"
     ]
     assert prof.writer is None and w.got == ["fastload/wait_ms", "fastload/step_ms"] * 2
+
+
+def test_the_loaders_generator_is_closed_before_the_summary_even_if_its_close_raises(clock, caplog):
+    """Kills: the generator left to the garbage collector (closed after the summary), a failing close
+    not suppressed."""
+    state = {"closed": False}
+
+    class Gen:
+        def __iter__(self):
+            try:
+                for _ in range(5):
+                    clock.t += 1.0
+                    yield (np.zeros((2, 1)),)
+            finally:
+                state["closed"] = True
+                raise RuntimeError("clean-up failed")
+
+    seen = []
+
+    class Watch(logging.Handler):
+        def emit(self, record):
+            if "INPUT-BOUND" in record.getMessage() or "COMPUTE-BOUND" in record.getMessage():
+                seen.append(state["closed"])
+
+    h = Watch()
+    logging.getLogger("fastload.profile").addHandler(h)
+    try:
+        with caplog.at_level(logging.INFO, logger="fastload.profile"):
+            prof = fastload.profile(Gen(), sample_interval=1000.0, sync_cuda=False)
+            for i, _ in enumerate(prof):
+                clock.t += 1.0
+                if i == 1:
+                    break
+    finally:
+        logging.getLogger("fastload.profile").removeHandler(h)
+    assert seen == [True] and prof.stats()["steps"] == 2
+
+
+def test_the_sampler_thread_samples_every_interval(monkeypatch):
+    """Real time here: 0.02 s intervals over a loop of at least 0.3 s. Kills: the interval ignored
+    (one sample, at the end)."""
+    monkeypatch.setattr(prof_mod, "make_cpu_sampler", lambda: Sampler([40.0]))
+    monkeypatch.setattr(prof_mod, "make_gpu_sampler", lambda: Sampler([None], available=False))
+    prof = fastload.profile([(np.zeros((1, 1)),)] * 6, sample_interval=0.02, sync_cuda=False)
+    for _ in prof:
+        real_time.sleep(0.05)
+    assert prof.stats()["cpu_util"]["samples"] >= 3
+
+
+def test_a_sampler_that_raises_or_is_unavailable_gives_no_samples(clock, monkeypatch, caplog):
+    """Kills: a failed sample appended (as ""), the availability tests joined by ``or`` or dropped,
+    the debug message changed."""
+
+    class Raising(Sampler):
+        def sample(self):
+            raise OSError("nvml gone")
+
+    monkeypatch.setattr(prof_mod, "make_cpu_sampler", lambda: Sampler([50.0], available=False, reason="off"))
+    monkeypatch.setattr(prof_mod, "make_gpu_sampler", lambda: Raising([1.0]))
+    with caplog.at_level(logging.DEBUG, logger="fastload.profile"):
+        prof = run(clock, [1.0] * 2, [1.0] * 2)
+    s = prof.stats()
+    assert s["cpu_util"] == "unavailable" and s["gpu_util"] == "unavailable"
+    assert "fastload.profile: sampling failed: nvml gone" in [r.getMessage() for r in caplog.records]
+    assert prof.summary().splitlines()[2] == "  GPU util unavailable (no samples yet); CPU util unavailable (off)"
+
+
+def test_summary_of_an_endless_step(clock):
+    """An infinite compute time is shown as "inf" (the format's case). Kills: '.1F'."""
+    prof = fastload.profile(TimedLoader(clock, [1.0]), sample_interval=1000.0, sync_cuda=False, name="I")
+    for _ in prof:
+        clock.t += float("inf")
+    assert prof.summary().splitlines()[1].startswith("  steps 1 (after 0 warm-up), per step: wait 1000.0 ms, compute inf ms, total inf ms")
+    clock.t = 1000.0
