@@ -632,3 +632,54 @@ def test_summary_of_an_endless_step(clock):
         clock.t += float("inf")
     assert prof.summary().splitlines()[1].startswith("  steps 1 (after 0 warm-up), per step: wait 1000.0 ms, compute inf ms, total inf ms")
     clock.t = 1000.0
+
+
+def test_profiler_defaults_and_a_progress_line_every_step(clock, caplog):
+    """Kills: Profiler's own defaults changed; the first progress line skipped (the last logged step
+    starting at 1)."""
+    p = prof_mod.Profiler([])
+    assert (p.sync_cuda, p.sample_interval, p.warmup, p.threshold, p.log_every, p.log_summary) == (True, 0.5, 0, 0.25, None, True)
+    with caplog.at_level(logging.INFO, logger="fastload.profile"):
+        run(clock, [1.0] * 3, [1.0] * 3, log_every=1, name="E1")
+    assert len([r for r in caplog.records if r.getMessage().startswith("fastload.profile(E1): step")]) == 3
+
+
+class NoReason:
+    """A sampler with no ``reason`` attribute at all."""
+
+    def __init__(self, available: bool) -> None:
+        self.available = available
+
+    def sample(self):
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def test_reasons_while_the_loop_runs_and_after_it(clock, monkeypatch):
+    """The reasons during the loop come from the samplers as made; after it, as they stand at the end.
+    Kills: the reason's attribute misspelt or its default changed, "not available" changed, the
+    reasons after the loop not refreshed (or refreshed into the wrong attribute), the thread not a
+    daemon."""
+    gpu = Sampler([None], available=True)
+    monkeypatch.setattr(prof_mod, "make_cpu_sampler", lambda: NoReason(False))
+    monkeypatch.setattr(prof_mod, "make_gpu_sampler", lambda: gpu)
+    loader = TimedLoader(clock, [1.0] * 2)
+    prof = fastload.profile(loader, sample_interval=1000.0, sync_cuda=False)
+    during = None
+    for i, _ in enumerate(prof):
+        if i == 0:
+            during = prof.stats()
+            threads = [t for t in prof_mod.threading.enumerate() if t.name == "fastload-profile"]
+            assert threads and all(t.daemon for t in threads)
+            gpu.available, gpu.reason = False, "lost the device"
+        clock.t += 1.0
+    assert (during["cpu_reason"], during["gpu_reason"]) == ("not available", "no samples yet")
+    s = prof.stats()
+    assert (s["cpu_reason"], s["gpu_reason"]) == ("not available", "lost the device")
+    monkeypatch.setattr(prof_mod, "make_cpu_sampler", lambda: Sampler([None], available=False, reason="psutil missing"))
+    gpu2 = Sampler([None], available=True)
+    monkeypatch.setattr(prof_mod, "make_gpu_sampler", lambda: gpu2)
+    prof = run(clock, [1.0] * 2, [1.0] * 2)
+    assert (prof.stats()["cpu_reason"], prof.stats()["gpu_reason"]) == ("psutil missing", "no samples yet")
