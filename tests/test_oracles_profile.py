@@ -637,8 +637,8 @@ def test_summary_of_an_endless_step(clock):
 def test_profiler_defaults_and_a_progress_line_every_step(clock, caplog):
     """Kills: Profiler's own defaults changed; the first progress line skipped (the last logged step
     starting at 1)."""
-    p = prof_mod.Profiler([])
-    assert (p.sync_cuda, p.sample_interval, p.warmup, p.threshold, p.log_every, p.log_summary) == (True, 0.5, 0, 0.25, None, True)
+    for p in (prof_mod.Profiler([]), fastload.profile([])):
+        assert (p.sync_cuda, p.sample_interval, p.warmup, p.threshold, p.log_every, p.log_summary) == (True, 0.5, 0, 0.25, None, True)
     with caplog.at_level(logging.INFO, logger="fastload.profile"):
         run(clock, [1.0] * 3, [1.0] * 3, log_every=1, name="E1")
     assert len([r for r in caplog.records if r.getMessage().startswith("fastload.profile(E1): step")]) == 3
