@@ -543,5 +543,7 @@ def test_add_environment_maps_a_gpu_machines_diagnosis(monkeypatch):
     }  # fmt: skip
     diag["cuda"]["reason"] = "no NVIDIA driver"
     diag["packages"]["pil"] = {**pkg(None, "broken"), "simd": False}
+    diag["packages"]["torch"], diag["packages"]["dali"] = pkg(None, "no torch"), pkg(None, "no dali")
     report.add_environment(r)
     assert r["machine"]["cuda"] == "no NVIDIA driver" and r["versions"]["pil"] == "broken"
+    assert (r["versions"]["torch"], r["versions"]["dali"]) == ("no torch", "no dali")
