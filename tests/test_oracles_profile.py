@@ -683,3 +683,22 @@ def test_reasons_while_the_loop_runs_and_after_it(clock, monkeypatch):
     monkeypatch.setattr(prof_mod, "make_gpu_sampler", lambda: gpu2)
     prof = run(clock, [1.0] * 2, [1.0] * 2)
     assert (prof.stats()["cpu_reason"], prof.stats()["gpu_reason"]) == ("psutil missing", "no samples yet")
+
+
+def test_an_unavailable_gpu_sampler_is_not_read_and_reasons_follow_the_samplers(clock, monkeypatch):
+    """Kills: the GPU sampler read though unavailable; the start's reason from another object or
+    attribute; the CPU reason not refreshed after the loop."""
+    cpu = Sampler([None], available=False, reason="warming up")
+    monkeypatch.setattr(prof_mod, "make_cpu_sampler", lambda: cpu)
+    monkeypatch.setattr(prof_mod, "make_gpu_sampler", lambda: Sampler([77.0], available=False, reason="no NVML"))
+    prof = fastload.profile(TimedLoader(clock, [1.0] * 2), sample_interval=1000.0, sync_cuda=False)
+    during = None
+    for i, _ in enumerate(prof):
+        if i == 0:
+            prof._sample_once()
+            during = prof.stats()
+            cpu.reason = "psutil missing"
+        clock.t += 1.0
+    assert (during["cpu_reason"], during["gpu_reason"], during["gpu_util"]) == ("warming up", "no NVML", "unavailable")
+    s = prof.stats()
+    assert (s["cpu_reason"], s["gpu_util"]) == ("psutil missing", "unavailable")
