@@ -8,12 +8,13 @@ runs) reuse the entry.
 
 Where: ``cache_dir``, else ``$FASTLOAD_CACHE``, else ``~/.cache/fastload``. The entry is
 ``<dir>/<root name>-<key>``, where the key is a SHA-256 of, for every sample in order,
-its absolute path, its label, and ``os.stat``'s size and ``st_mtime_ns`` (a file that
-cannot be stat'ed enters as its error), plus the class names, the number of samples,
-the cache layout version (:data:`CACHE_VERSION`) and the record format version. So a
-file touched, replaced by one of another size, added, removed or relabelled gives a new
-entry (the old one is left, never reused); a file replaced by one of the same size and
-modification time is not noticed. Every call stats every file (about a second per
+its absolute path, its label, and ``os.stat``'s size, ``st_mtime_ns``, ``st_ctime_ns``
+and inode (a file that cannot be stat'ed enters as its error), plus the class names, the
+number of samples, the cache layout version (:data:`CACHE_VERSION`) and the record format
+version. So a file touched, replaced (also by ``cp -p``, ``rsync -t`` or ``tar x``, which
+keep its size and modification time: not its status-change time), added, removed or
+relabelled gives a new entry (the old one is left, never reused); so does a ``chmod`` or
+``chown`` of a file, and a copy of the whole folder. Every call stats every file (about a second per
 million files on a local disk, more on a network file system).
 
 Concurrency (``torchrun``: every rank calls it): a finished entry is a directory with a
@@ -348,7 +349,8 @@ def _key(files: FileList) -> str:
     for p, lab in zip(files.paths, files.labels):
         try:
             st = os.stat(p)
-            sig = f"{st.st_size}\0{st.st_mtime_ns}"
+            # the status-change time and inode too: cp -p, rsync -t and tar x keep size and mtime
+            sig = f"{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}"
         except (OSError, ValueError) as e:
             sig = f"!{getattr(e, 'errno', None) or type(e).__name__}"
         h.update(f"{p}\0{lab}\0{sig}\n".encode("utf-8", "surrogateescape"))

@@ -67,7 +67,8 @@ declare -A TESTS=(
         tests/test_scale.py::test_block_order_rank_shares_are_contiguous_stretches
         tests/test_scale.py::test_block_order_arguments
         tests/test_scale.py::test_block_order_function_and_block_size_for"
-    [fastload/resume.py]="tests/test_oracles_sampler.py
+    [fastload/resume.py]="tests/test_oracles_resume.py
+        tests/test_oracles_sampler.py
         tests/test_elastic.py::test_an_interrupted_epoch_resumed_on_another_world_reads_every_sample_once
         tests/test_elastic.py::test_merge_states_of_ranks_at_different_batches_is_exact
         tests/test_elastic.py::test_merge_states_refuses_states_of_different_loaders
@@ -79,16 +80,16 @@ declare -A TESTS=(
         tests/test_hostile3_loader.py::test_load_state_dict_with_out_of_range_intervals_is_a_config_error
         tests/test_loader.py::test_state_dict_resume_yields_exactly_the_rest
         tests/test_loader.py::test_load_state_dict_refuses_mismatch"
-    [fastload/dlcompat.py]="tests/test_dropin.py tests/test_oracles_sampler.py"
+    [fastload/dlcompat.py]="tests/test_oracles_dlcompat.py tests/test_dropin.py tests/test_oracles_sampler.py"
     [fastload/transforms.py]="tests/test_transforms.py"
-    [fastload/host.py]="tests/test_host.py"
-    [fastload/cache.py]="tests/test_cache.py tests/test_cache_fidelity.py"
-    [fastload/reader.py]="tests/test_reader.py tests/test_hostile_read.py"
+    [fastload/host.py]="tests/test_oracles_host.py tests/test_host.py"
+    [fastload/cache.py]="tests/test_oracles_cache.py tests/test_cache.py tests/test_cache_fidelity.py"
+    [fastload/reader.py]="tests/test_oracles_reader.py tests/test_reader.py tests/test_hostile_read.py"
     [fastload/store/]="tests/test_format.py tests/test_hostile_read.py tests/test_truncated_checks.py"
-    [fastload/packing/images.py]="tests/test_pack_pixels.py tests/test_big_images.py"
-    [fastload/packing/sources.py]="tests/test_sources.py tests/test_input_pack.py"
-    [fastload/profile.py]="tests/test_profile.py"
-    [fastload/bench/report.py]="tests/test_bench.py"
+    [fastload/packing/images.py]="tests/test_oracles_images.py tests/test_pack_pixels.py tests/test_big_images.py"
+    [fastload/packing/sources.py]="tests/test_oracles_sources.py tests/test_sources.py tests/test_input_pack.py"
+    [fastload/profile.py]="tests/test_oracles_profile.py tests/test_profile.py"
+    [fastload/bench/report.py]="tests/test_oracles_report.py"
 )
 ALL=(fastload/augment.py fastload/sampler.py fastload/resume.py fastload/dlcompat.py fastload/transforms.py
      fastload/host.py fastload/cache.py fastload/reader.py fastload/store/ fastload/packing/images.py

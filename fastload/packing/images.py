@@ -203,10 +203,15 @@ def _too_large(size: int, opts: ImageOptions, what: str = "file") -> _Refused:
     )
 
 
-def _finish(im: Any, opts: ImageOptions, flags: int, orientation: int, orig: tuple[int, int]) -> tuple[bytes, int, int, int]:
+def _finish(
+    im: Any, opts: ImageOptions, flags: int, orientation: int, orig: tuple[int, int], draft_box: tuple | None = None
+) -> tuple[bytes, int, int, int]:
     """Orient, convert to RGB, shrink, encode as JPEG: ``(payload, flags, width, height)``.
 
     The stored size depends only on the source size ``orig`` (never on a JPEG draft).
+    ``draft_box`` is what PIL's ``draft`` returned: where the source lies in the draft, which
+    is larger when the source does not divide by the DCT scale (a 1001-px side at 1/4 is 251
+    pixels, the last of them a quarter of the source's); the shrink reads exactly that box.
     """
     from PIL import Image
 
@@ -216,12 +221,20 @@ def _finish(im: Any, opts: ImageOptions, flags: int, orientation: int, orig: tup
             im = im.convert("RGB")
         except ValueError as e:  # pil_loader raises the same
             raise _Refused(f"cannot convert mode {im.mode} to RGB ({short_message(e)}), nor can torchvision's pil_loader") from None
+    shrink = bool(opts.max_size) and max(orig) > opts.max_size  # type: ignore[operator]
+    if shrink and draft_box is not None:  # shrink the draft's box first (its own axes), then turn
+        im = _to_rgb(im)
+        target = _target_size(orig[0], orig[1], opts.max_size)  # type: ignore[arg-type]
+        if im.size != target or tuple(draft_box) != (0, 0, *im.size):
+            im = im.resize(target, Image.Resampling.LANCZOS, box=tuple(draft_box))
+        flags |= FLAG_RESIZED
+        shrink = False
     if orientation != 1:
         im = im.transpose(Image.Transpose(_TRANSPOSE[orientation]))
         flags |= FLAG_ORIENTED
     im = _to_rgb(im)
-    if opts.max_size and max(orig) > opts.max_size:
-        tw, th = _target_size(orig[0], orig[1], opts.max_size)
+    if shrink:
+        tw, th = _target_size(orig[0], orig[1], opts.max_size)  # type: ignore[arg-type]
         target = (th, tw) if orientation in (5, 6, 7, 8) else (tw, th)
         if im.size != target:
             im = im.resize(target, Image.Resampling.LANCZOS)
@@ -307,15 +320,17 @@ def _from_jpeg(raw: bytes, im: Any, opts: ImageOptions, sof: int | None) -> tupl
     flags = 0
     if not plain or (opts.baseline and progressive):
         flags |= FLAG_CONVERTED
+    box = None
     if shrink and not loaded:  # DCT-domain pre-shrink to at least the target size; LANCZOS does the rest
-        im.draft(None, _target_size(w, h, opts.max_size))  # type: ignore[arg-type]
+        drafted = im.draft(None, _target_size(w, h, opts.max_size))  # type: ignore[arg-type]
+        box = drafted[1] if drafted else None
     try:
         im.load()
     except Exception as e:
         if sof is not None and sof not in _SOF_PASSTHROUGH:
             raise _Refused(f"{_frame_name(sof)} JPEG cannot be decoded ({short_message(e)})") from None
         raise _Refused(f"corrupt JPEG ({short_message(e)})") from None
-    payload, flags, sw, sh = _finish(im, opts, flags, orientation, (w, h))
+    payload, flags, sw, sh = _finish(im, opts, flags, orientation, (w, h), box)
     return payload, flags, sw, sh, w, h
 
 

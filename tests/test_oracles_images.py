@@ -1,0 +1,144 @@
+"""fastload.packing.images as tables: EXIF orientation 1-8 x ``--max-size`` x source format, and sizes that
+do not divide by the JPEG DCT scale, against PIL's own ``ImageOps.exif_transpose`` and a full-scale
+decode resized by LANCZOS.
+
+The stored size is written out by hand for every case (64x40 with ``--max-size 32`` is 32x20, turned
+20x32 by orientations 5-8; a 1001-px JPEG shrunk to 250 px goes through a 1/4 draft of 251 px
+first), the flags from the rules in docs/format.md, and the pixels against the oracle within the
+JPEG tolerance measured for these gradients; every other orientation of the source lands far away.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image, ImageOps
+
+from fastload.format import FLAG_CONVERTED, FLAG_ORIENTED, FLAG_RESIZED, decode_header, record_payload
+from fastload.packing.images import ImageOptions, process_task
+
+W, H = 64, 40
+
+
+def gradient(w=W, h=H) -> np.ndarray:
+    """No symmetry: R = x, G = y, B = x * y (each scaled to 0..255), so each orientation differs."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    return np.stack([np.rint(xx * 255.0 / (w - 1)), np.rint(yy * 255.0 / (h - 1)),
+                     np.rint(xx * yy * 255.0 / ((w - 1) * (h - 1)))], axis=-1).astype(np.uint8)  # fmt: skip
+
+
+def encode(a: np.ndarray, fmt: str, orientation: int | None) -> bytes:
+    kw = {}
+    if orientation is not None:
+        e = Image.Exif()
+        e[0x0112] = orientation
+        kw["exif"] = e.tobytes()
+    if fmt == "JPEG":
+        kw.update(quality=100, subsampling=0)
+    if fmt == "WEBP":
+        kw.update(lossless=True)
+    b = io.BytesIO()
+    Image.fromarray(a).save(b, fmt, **kw)
+    return b.getvalue()
+
+
+def pack_one(raw: bytes, **opts):
+    out = process_task(("bytes", raw, 3, "x/img", "x/img"), ImageOptions(**opts))
+    assert isinstance(out, bytes), out
+    header = decode_header(out)
+    payload = record_payload(out, header)
+    with Image.open(io.BytesIO(payload)) as im:
+        return header, payload, np.asarray(im.convert("RGB"))
+
+
+def oracle(raw: bytes, size: tuple[int, int] | None) -> np.ndarray:
+    with Image.open(io.BytesIO(raw)) as im:
+        up = ImageOps.exif_transpose(im).convert("RGB")
+    if size is not None and up.size != size:
+        up = up.resize(size, Image.Resampling.LANCZOS)
+    return np.asarray(up)
+
+
+def mean_diff(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a.astype(np.int16) - b.astype(np.int16)).mean())
+
+
+#: max_size -> the stored (w, h) of the 64x40 source upright (orientations 1-4); 5-8 swap them.
+SIZES = {None: (64, 40), 100: (64, 40), 64: (64, 40), 63: (63, 39), 32: (32, 20), 7: (7, 4), 1: (1, 1)}
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP", "TIFF"])
+@pytest.mark.parametrize("max_size", list(SIZES))
+@pytest.mark.parametrize("orientation", [None, 1, 2, 3, 4, 5, 6, 7, 8])
+def test_orientation_x_max_size_x_format(fmt, max_size, orientation):
+    """Kills: an orientation mapped to another turn (5 and 7, the transposes, above all); the sides not
+    swapped for 5-8 when shrinking (a 32x20 box squeezed into 20x32 the wrong way round); the size from the
+    turned image; ``>`` for ``>=`` at ``--max-size 64`` (no shrink at the size itself); the flags; the
+    upright plain JPEG not stored byte for byte; another resampling."""
+    raw = encode(gradient(), fmt, orientation)
+    header, payload, got = pack_one(raw, max_size=max_size)
+    turned = orientation in (5, 6, 7, 8)
+    w, h = SIZES[max_size]
+    want_size = (h, w) if turned else (w, h)
+    assert (header.width, header.height) == want_size and got.shape == (want_size[1], want_size[0], 3)
+    oriented = orientation not in (None, 1)
+    shrunk = max_size is not None and max_size < 64
+    if fmt == "TIFF":
+        # PIL's TIFF decoder turns the image itself (and drops the tag): fastload sees it upright, of
+        # the upright size, so it flags no orientation of its own; the pixels are upright all the same
+        assert (header.orig_width, header.orig_height) == ((H, W) if turned else (W, H))
+        assert not header.flags & FLAG_ORIENTED
+    else:
+        assert (header.orig_width, header.orig_height) == (W, H)
+        assert bool(header.flags & FLAG_ORIENTED) == oriented
+    assert bool(header.flags & FLAG_RESIZED) == shrunk
+    assert bool(header.flags & FLAG_CONVERTED) == (fmt != "JPEG")
+    if fmt == "JPEG" and not oriented and not shrunk:
+        assert payload == raw
+    want = oracle(raw, want_size)
+    tol = 1.5 if min(want_size) >= 16 else 16.0
+    assert mean_diff(got, want) <= tol
+    if min(want_size) >= 16:
+        for t in Image.Transpose:  # any other turn or mirror of the source is far away
+            with Image.open(io.BytesIO(raw)) as im:
+                other = im.convert("RGB").transpose(t)
+            other = np.asarray(other.resize(want_size, Image.Resampling.LANCZOS) if other.size != want_size else other)
+            if other.shape == want.shape and mean_diff(other, want) > 8:
+                assert mean_diff(got, other) > 4 * tol, (orientation, t)
+
+
+#: (source w, h, max_size) -> the stored size, by hand: the longer side is max_size, the shorter
+#: round(short * max_size / long), at least 1; and the mean difference allowed from a full-scale
+#: decode shrunk by LANCZOS. None of these sources divide by their DCT scale. Measured (libjpeg-turbo,
+#: pillow-simd 12.1): 0.47-0.71 with the draft's box, 0.52-0.73 when the partial last block is
+#: stretched over a whole pixel (the 1001-px tolerances tell the two apart); the strips' large
+#: differences are the draft's 8-row blocks on a 13- or 19-row side (13 and 31 without the box).
+ODD = [
+    ((1001, 1001, 250), (250, 250), 0.6),  # a 1/4 draft gives 251x251 (the last a quarter pixel of source)
+    ((1001, 1001, 500), (500, 500), 0.5),  # 1/2 draft: 501
+    ((1001, 1001, 126), (126, 126), 0.62),  # 1/4 draft: 251 again (1/8 would be 126: not below the target)
+    ((500, 375, 100), (100, 75), 0.75),  # 1/4 draft: 125x94, then 100x75
+    ((375, 500, 100), (75, 100), 0.75),
+    ((500, 375, 63), (63, 47), 0.8),  # 1/8 draft: 63x47
+    ((1001, 13, 100), (100, 1), 8.0),  # round(1.3) = 1
+    ((1001, 19, 100), (100, 2), 26.0),  # round(1.898) = 2
+]
+
+
+@pytest.mark.parametrize("src, want_size, tol", ODD, ids=[f"{w}x{h}-{m}" for (w, h, m), _, _ in ODD])
+@pytest.mark.parametrize("orientation", [1, 6])
+def test_sizes_that_do_not_divide_by_the_dct_scale(src, want_size, tol, orientation):
+    """A JPEG shrunk through a DCT draft whose size is not a multiple of the scale: the stored size is
+    the hand-computed one (from the source size, never the draft's), the pixels those of a full-scale
+    decode resized by LANCZOS. Kills: the size taken from the draft (251 for 250), the draft asked for
+    less than the target (a later upscale), floor or ceil for round, the sides swapped, the draft's
+    box not passed to the resize (the partial last block stretched over a whole pixel)."""
+    w, h, m = src
+    raw = encode(gradient(w, h), "JPEG", orientation)
+    header, _, got = pack_one(raw, max_size=m)
+    size = (want_size[1], want_size[0]) if orientation == 6 else want_size
+    assert (header.width, header.height) == size and (header.orig_width, header.orig_height) == (w, h)
+    assert header.flags & FLAG_RESIZED
+    assert mean_diff(got, oracle(raw, size)) <= tol
