@@ -146,6 +146,10 @@ def format_inspect(info: dict[str, Any], *, max_classes: int = 50) -> str:
     if len(info.get("fields", [])) > 2 or any(f["kind"] != k for f, k in zip(info.get("fields", []), ("image", "label"))):
         lines.append("fields:")
         lines.extend(_field_line(d) for d in info["fields"])
+    coco = info.get("options", {}).get("coco") if isinstance(info.get("options"), dict) else None
+    if isinstance(coco, dict) and isinstance(coco.get("categories"), list):  # fastload pack --annotations
+        lines.append(f"categories ({e(str(coco.get('annotations')))}; label  COCO id  name):")
+        lines.extend(f"  {c.get('label'):>5}  {c.get('id'):>7}  {e(str(c.get('name')))}" for c in coco["categories"] if isinstance(c, dict))
     lines += [
         "class counts:",
     ]

@@ -1,0 +1,232 @@
+"""Detection batches: images resized (and flipped) with their boxes, as torchvision's detection models take them.
+
+:class:`DetectionLoader` reads a packed dataset with a ``boxes`` field (``fastload pack IMAGES
+OUT --annotations instances.json``, :func:`fastload.pack_coco`) and yields
+``(images, targets)``: ``images`` one ``[B, 3, H, W]`` float tensor (0..1) when every image
+of the batch has one size, else a list of ``[3, H, W]`` tensors; ``targets`` a list of dicts
+``{"boxes": FloatTensor[N, 4], "labels": Int64Tensor[N], ...}`` on the loader's device,
+exactly what ``fasterrcnn_*``, ``retinanet_*`` and ``ssd*`` accept in training and
+evaluation. Decoding and the transforms run on the CPU (PIL, threads); see
+``docs/detection.md`` for what is not there yet (crops, masks, the DALI graph).
+
+The transforms, in torchvision's detection terms:
+
+* **resize** keeping the aspect ratio (``GeneralizedRCNNTransform``): the scale is
+  ``min(min_size / shorter side, max_size / longer side)``, the new size
+  ``floor(side * scale)``, the boxes multiplied by ``new / old`` on each axis;
+* **horizontal flip** with probability ``flip`` (``RandomHorizontalFlip``): pixels mirrored,
+  each box ``x1, x2 -> W - x2, W - x1``. Each sample's draw is a pure function of
+  ``(seed, epoch, sample index)`` (:func:`fastload.augment.uniforms`), as FastLoader's are.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import operator
+import os
+import reprlib
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from .augment import uniforms
+from .errors import ConfigError, CorruptDataError
+from .imaging import pil_settings
+from .reader import Dataset
+
+#: Fields a target dict may hold besides ``boxes``: one row per box, or one value per image.
+_PER_BOX_KINDS = ("ragged",)
+_PER_IMAGE_KINDS = ("int", "label")
+
+
+def resized_size(height: int, width: int, *, min_size: int, max_size: int) -> tuple[int, int]:
+    """``(new_height, new_width)`` of an image resized as ``GeneralizedRCNNTransform`` resizes it."""
+    scale = min(min_size / min(height, width), max_size / max(height, width))
+    # torch's interpolate(scale_factor=s, recompute_scale_factor=True) takes floor(side * s)
+    return max(1, math.floor(height * scale)), max(1, math.floor(width * scale))
+
+
+def transform_boxes(boxes: np.ndarray, size: tuple[int, int], new_size: tuple[int, int], flip: bool) -> np.ndarray:
+    """XYXY ``boxes`` of an image of ``size`` (h, w) moved to the image resized to ``new_size`` and
+    mirrored if ``flip``."""
+    (h, w), (nh, nw) = size, new_size
+    out = boxes.astype(np.float32, copy=True)
+    out[:, 0::2] *= np.float32(nw / w)
+    out[:, 1::2] *= np.float32(nh / h)
+    if flip:
+        out[:, [0, 2]] = nw - out[:, [2, 0]]
+    return out
+
+
+def _positive(name: str, value: Any) -> int:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        v = operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be a positive int, got {reprlib.repr(value)}") from None
+    if v < 1:
+        raise ConfigError(f"{name} must be a positive int, got {v}")
+    return v
+
+
+class DetectionLoader:
+    """``(images, targets)`` batches of a packed detection dataset, boxes kept on their pixels.
+
+    Args:
+        dataset: a packed dataset directory with a ``boxes`` field (``float32[][4]``).
+        batch_size: images per batch.
+        fields: ``"image"``, ``"boxes"`` and any other fields to put in each target dict:
+            per-box ``ragged`` fields (``labels``, ``iscrowd``: one row per box) and per-image
+            ``int`` fields (``image_id``). ``labels`` is always included when the dataset has it.
+        shuffle: a new permutation of the samples every epoch (seeded by ``seed`` and the epoch).
+        drop_last: leave out the last, smaller batch.
+        min_size, max_size: the resize (``GeneralizedRCNNTransform``'s 800 and 1333 by default).
+        flip: probability of a horizontal flip (0.0 for evaluation).
+        seed: seeds the order and the flips.
+        device: where the tensors go (``"cpu"``, ``"cuda"``, ``"cuda:N"``).
+        num_threads: decoding threads (default: the cores, at most 8).
+
+    Raises:
+        ConfigError: an argument out of range, a field the dataset lacks, a dataset without boxes.
+    """
+
+    def __init__(
+        self,
+        dataset: str | os.PathLike,
+        batch_size: int = 1,
+        *,
+        fields: Sequence[str] = ("image", "boxes"),
+        shuffle: bool = False,
+        drop_last: bool = False,
+        min_size: int = 800,
+        max_size: int = 1333,
+        flip: float = 0.0,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        num_threads: int | None = None,
+    ) -> None:
+        self.batch_size = _positive("batch_size", batch_size)
+        self.min_size = _positive("min_size", min_size)
+        self.max_size = _positive("max_size", max_size)
+        if self.max_size < self.min_size:
+            raise ConfigError(f"max_size={self.max_size} is below min_size={self.min_size}; the longer side caps the shorter")
+        if isinstance(flip, bool) or not isinstance(flip, (int, float)) or not 0.0 <= flip <= 1.0:
+            raise ConfigError(f"flip must be a probability in [0, 1], got {reprlib.repr(flip)}")
+        for name, v in (("shuffle", shuffle), ("drop_last", drop_last)):
+            if not isinstance(v, bool):
+                raise ConfigError(f"{name} must be True or False, got {reprlib.repr(v)}")
+        try:
+            self.seed = operator.index(seed)
+        except TypeError:
+            raise ConfigError(f"seed must be an int, got {reprlib.repr(seed)}") from None
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise ConfigError(f"device: {reprlib.repr(device)} is not a torch device (use 'cpu', 'cuda' or 'cuda:N')") from None
+        self.num_threads = min(8, os.cpu_count() or 1) if num_threads is None else _positive("num_threads", num_threads)
+        self.flip, self.shuffle, self.drop_last = float(flip), shuffle, drop_last
+        self.dataset = Dataset(dataset, check=True)
+        self.targets = self._check_fields(fields)
+        self.epoch = 0
+
+    def _check_fields(self, fields: Any) -> tuple[str, ...]:
+        schema = self.dataset.schema
+        have = ", ".join(schema.names)
+        if isinstance(fields, str) or not isinstance(fields, (list, tuple)):
+            raise ConfigError(f"fields must be a tuple of field names such as ('image', 'boxes'), got {reprlib.repr(fields)}")
+        if "boxes" not in schema.names or schema["boxes"].kind != "ragged" or schema["boxes"].shape != (4,):
+            raise ConfigError(f"dataset {self.dataset.path} has no 'boxes' field of kind float32[][4] (it has {have}); pack it with --annotations")
+        for n in ("image", "boxes"):
+            if n not in fields:
+                raise ConfigError(f"fields must include {n!r} (got {tuple(fields)})")
+        names = [n for n in fields if n != "image"]
+        if "labels" in schema.names and "labels" not in names:
+            names.append("labels")
+        for n in names:
+            if not isinstance(n, str) or n not in schema.names:
+                raise ConfigError(f"fields: {reprlib.repr(n)} is not a field of this dataset (it has {have})")
+            if names.count(n) > 1:
+                raise ConfigError(f"fields: {n!r} is asked for twice")
+            if schema[n].kind not in _PER_BOX_KINDS + _PER_IMAGE_KINDS:
+                raise ConfigError(f"fields: {n!r} is a {schema[n].spec} field; a target holds per-box ragged fields and per-image ints only")
+        return tuple(names)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use epoch ``epoch``'s order and flips on the next iteration (as ``DistributedSampler.set_epoch``)."""
+        self.epoch = operator.index(epoch)
+
+    def __len__(self) -> int:
+        n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The sample indices of one epoch, in the order they are served."""
+        n = len(self.dataset)
+        if not self.shuffle:
+            return np.arange(n)
+        return np.random.default_rng([self.seed & 0xFFFFFFFF, epoch & 0xFFFFFFFF]).permutation(n)
+
+    def __iter__(self) -> Iterator[tuple[Any, list[dict[str, torch.Tensor]]]]:
+        epoch = self.epoch
+        order = self.order(epoch)
+        flips = uniforms(self.seed, epoch, order, 1)[:, 0] < self.flip
+        with ThreadPoolExecutor(self.num_threads, thread_name_prefix="fastload-detect") as pool, pil_settings():
+            for start in range(0, len(order), self.batch_size):
+                idx = order[start : start + self.batch_size]
+                if self.drop_last and len(idx) < self.batch_size:
+                    break
+                samples = list(pool.map(self._sample, idx.tolist(), flips[start : start + len(idx)].tolist()))
+                yield self._collate(samples)
+        self.epoch = epoch + 1
+
+    def _sample(self, index: int, flip: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One sample decoded, resized and flipped, with its target (on the CPU)."""
+        from PIL import Image
+
+        values = self.dataset.fields(index, ("image", *self.targets))
+        where = self.dataset.where(index)
+        try:
+            with Image.open(io.BytesIO(values["image"])) as im:
+                rgb = im.convert("RGB")
+        except Exception as e:  # noqa: BLE001 - an image that passed packing but no longer decodes
+            raise CorruptDataError(f"{where}: the image does not decode ({type(e).__name__}: {e})") from None
+        size = (rgb.height, rgb.width)
+        new = resized_size(*size, min_size=self.min_size, max_size=self.max_size)
+        if new != size:
+            rgb = rgb.resize((new[1], new[0]), Image.BILINEAR)
+        if flip:
+            rgb = rgb.transpose(Image.FLIP_LEFT_RIGHT)
+        image = torch.from_numpy(np.asarray(rgb).copy()).permute(2, 0, 1)
+        boxes = values["boxes"]
+        target = {"boxes": torch.from_numpy(transform_boxes(boxes, size, new, flip))}
+        for n in self.targets:
+            if n == "boxes":
+                continue
+            v = values[n]
+            if isinstance(v, np.ndarray):
+                if v.shape[0] != boxes.shape[0]:
+                    raise CorruptDataError(f"{where}: field {n!r} has {v.shape[0]} rows for {boxes.shape[0]} boxes")
+                target[n] = torch.from_numpy(v.astype(np.int64) if v.dtype.kind in "iu" else v)
+            else:
+                target[n] = torch.tensor(int(v), dtype=torch.int64)
+        return image, target
+
+    def _collate(self, samples: list[tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> tuple[Any, list[dict[str, torch.Tensor]]]:
+        images = [im.to(self.device).float().div_(255) for im, _ in samples]
+        targets = [{k: v.to(self.device) for k, v in t.items()} for _, t in samples]
+        if len({tuple(im.shape) for im in images}) == 1:
+            return torch.stack(images), targets
+        return images, targets
+
+    def __repr__(self) -> str:
+        return (
+            f"DetectionLoader({os.fspath(self.dataset.path)!r}, {self.batch_size}, min_size={self.min_size}, "
+            f"max_size={self.max_size}, flip={self.flip}, shuffle={self.shuffle}, device='{self.device}')"
+        )
+
+
+__all__ = ["DetectionLoader", "resized_size", "transform_boxes"]

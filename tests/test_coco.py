@@ -1,0 +1,98 @@
+"""``fastload pack IMAGES OUT --annotations instances.json``: boxes, labels, iscrowd against pycocotools' own reading."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import fastload
+from fastload.cli import main
+from fastload.errors import ConfigError
+
+from coco_fixture import write_coco
+
+pycocotools_coco = pytest.importorskip("pycocotools.coco")
+
+
+@pytest.fixture(scope="module")
+def coco(tmp_path_factory):
+    root = tmp_path_factory.mktemp("coco")
+    img_dir, ann, colours = write_coco(root)
+    out = root / "packed"
+    assert main(["pack", str(img_dir), str(out), "--annotations", str(ann), "--workers", "1", "--no-progress"]) == 0
+    return img_dir, ann, out, colours
+
+
+def test_boxes_labels_iscrowd_are_pycocotools_annotations(coco):
+    """Kills: XYWH stored as is (x2 = width), labels not sorted by category id, iscrowd lost, images out of order."""
+    img_dir, ann, out, _ = coco
+    api = pycocotools_coco.COCO(str(ann))
+    cat_ids = sorted(api.getCatIds())  # contiguous labels 1..K, in category-id order
+    ds = fastload.Dataset(out)
+    assert len(ds) == len(api.getImgIds())  # the image without annotations is kept by default
+    for i, image_id in enumerate(sorted(api.getImgIds())):
+        v = ds.fields(i, ["image", "image_id", "boxes", "labels", "iscrowd"])
+        assert v["image_id"] == image_id
+        anns = [a for a in api.loadAnns(api.getAnnIds(imgIds=[image_id])) if a["bbox"][2] > 0 and a["bbox"][3] > 0]
+        want = np.array([[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in anns)], np.float32).reshape(-1, 4)
+        assert v["boxes"].dtype == np.float32 and v["boxes"].shape == want.shape
+        np.testing.assert_array_equal(v["boxes"], want)
+        np.testing.assert_array_equal(v["labels"], [cat_ids.index(a["category_id"]) + 1 for a in anns])
+        np.testing.assert_array_equal(v["iscrowd"], [a["iscrowd"] for a in anns])
+        info = api.loadImgs([image_id])[0]
+        stored = np.asarray(Image.open(io.BytesIO(v["image"])).convert("RGB"))
+        original = np.asarray(Image.open(img_dir / info["file_name"]).convert("RGB"))
+        np.testing.assert_array_equal(stored, original)  # a JPEG is stored byte for byte: the boxes' pixels
+    m = json.loads((out / "manifest.json").read_text())["options"]["coco"]
+    assert m["categories"] == [{"id": c, "name": api.loadCats([c])[0]["name"], "label": k + 1} for k, c in enumerate(cat_ids)]
+    assert m["dropped_annotations"] == 1 and m["skipped_empty"] == 0
+
+
+def test_inspect_shows_the_category_mapping_and_box_counts(coco, capsys):
+    _, _, out, _ = coco
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "categories (instances.json; label  COCO id  name):" in text
+    for label, cid, name in ((1, 3, "cat"), (2, 7, "dog"), (3, 11, "bird")):
+        assert f"  {label:>5}  {cid:>7}  {name}" in text
+    boxes_line = next(line for line in text.splitlines() if line.strip().startswith("boxes"))
+    assert "length min 0" in boxes_line and "max 3" in boxes_line  # the empty image, the image with 3 boxes
+
+
+def test_skip_empty_leaves_out_images_without_annotations(tmp_path):
+    """Kills: --skip-empty ignored."""
+    img_dir, ann, _ = write_coco(tmp_path / "src")
+    out = tmp_path / "packed"
+    res = fastload.pack_coco(img_dir, out, annotations=ann, skip_empty=True, workers=1, progress=False)
+    ids = [fastload.Dataset(out).fields(i, ["image_id"])["image_id"] for i in range(res.num_samples)]
+    api = pycocotools_coco.COCO(str(ann))
+    assert ids == sorted(i for i in api.getImgIds() if api.getAnnIds(imgIds=[i]))
+    assert json.loads((out / "manifest.json").read_text())["options"]["coco"]["skipped_empty"] == 1
+
+
+def test_bad_annotations_are_one_readable_error(tmp_path, capsys):
+    img_dir, ann, _ = write_coco(tmp_path / "src")
+    out = tmp_path / "packed"
+    assert main(["pack", str(img_dir), str(out), "--annotations", str(tmp_path / "nope.json")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nope.json does not exist" in err[0]
+    data = json.loads(ann.read_text())
+    data["annotations"][0]["category_id"] = 99
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="category_id 99, which is not in 'categories'"):
+        fastload.pack_coco(img_dir, out, annotations=bad, progress=False)
+    data["annotations"][0]["category_id"] = 3
+    data["annotations"][0]["bbox"] = [1, 2, 3]
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"bbox must be four numbers"):
+        fastload.pack_coco(img_dir, out, annotations=bad, progress=False)
+    with pytest.raises(ConfigError, match="max_size=64"):
+        fastload.pack_coco(img_dir, out, annotations=ann, max_size=64, progress=False)
+    assert main(["pack", str(img_dir), str(out), "--skip-empty"]) != 0
+    assert "--skip-empty applies with --annotations" in capsys.readouterr().err
+    assert not out.exists() and ann.exists()  # nothing written, the user's file untouched
