@@ -129,7 +129,7 @@ class DetectionLoader:
             raise ConfigError(f"device: {reprlib.repr(device)} is not a torch device (use 'cpu', 'cuda' or 'cuda:N')") from None
         self.num_threads = min(8, os.cpu_count() or 1) if num_threads is None else _positive("num_threads", num_threads)
         self.flip, self.shuffle, self.drop_last = float(flip), shuffle, drop_last
-        self.dataset = Dataset(dataset, check=True)
+        self.dataset = Dataset(dataset.path if isinstance(dataset, Dataset) else dataset, check=True)
         self.targets = self._check_fields(fields)
         self.epoch = 0
 
@@ -229,4 +229,34 @@ class DetectionLoader:
         )
 
 
-__all__ = ["DetectionLoader", "resized_size", "transform_boxes"]
+#: FastLoader keywords a detection loader takes (the rest are refused, naming them).
+_TAKEN = ("fields", "shuffle", "drop_last", "min_size", "max_size", "flip", "seed", "device", "num_threads")
+
+
+def detection_loader(dataset: Any, batch_size: int = 1, shuffle: bool | None = None, *args: Any, **kwargs: Any) -> DetectionLoader:
+    """The :class:`DetectionLoader` that ``FastLoader(dataset, batch_size, fields=(..., "boxes"), ...)`` gives.
+
+    Takes FastLoader's ``shuffle``, ``drop_last``, ``seed``, ``device`` (None: CUDA if present)
+    and ``num_threads``, plus ``min_size``, ``max_size`` and ``flip``.
+
+    Raises:
+        ConfigError: a positional argument after ``shuffle``, or a FastLoader keyword the detection
+            path does not have yet (crops, normalisation, samplers: ``docs/detection.md``).
+    """
+    if args:
+        raise ConfigError("FastLoader(fields=(..., 'boxes')): give sampler, collate_fn and the rest by keyword (the detection path takes dataset, batch_size, shuffle)")
+    given = {k: v for k, v in kwargs.items() if v is not None and k not in _TAKEN}
+    if given:
+        raise ConfigError(
+            f"FastLoader(fields=(..., 'boxes')): {', '.join(f'{k}={reprlib.repr(v)}' for k, v in given.items())} "
+            f"not supported with boxes yet; the detection path takes {', '.join(_TAKEN)} (docs/detection.md)"
+        )
+    if isinstance(dataset, Dataset):
+        dataset = dataset.path
+    opts = {k: v for k, v in kwargs.items() if v is not None}
+    if opts.get("device") is None:
+        opts["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+    return DetectionLoader(dataset, batch_size, shuffle=False if shuffle is None else shuffle, **opts)
+
+
+__all__ = ["DetectionLoader", "detection_loader", "resized_size", "transform_boxes"]

@@ -339,6 +339,19 @@ class FastLoader:
             (an int, or a dict of field name -> int): one tensor per field, with the lengths in
             ``batch.lengths[name]``; default: a list of tensors per ragged field.
     """
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """``fields=`` naming ``"boxes"`` gives a :class:`fastload.DetectionLoader` instead: images resized
+        (``min_size``/``max_size``) and flipped with their boxes, ``(images, targets)`` batches
+        (``docs/detection.md``); every other loader is a FastLoader."""
+        if _names_boxes(kwargs.get("fields")):
+            from .detection import detection_loader
+
+            return detection_loader(*args, **kwargs)
+        for k in ("min_size", "max_size"):
+            if k in kwargs:
+                raise ConfigError(f"{k}={kwargs[k]!r} applies to detection batches: name the boxes in fields=, e.g. fields=('image', 'boxes')")
+        return super().__new__(cls)
+
     def __init__(
         self,
         dataset: Any,
@@ -831,6 +844,11 @@ class FastLoader:
             f"FastLoader({str(self.packed.path)!r}, batch_size={self.batch_size}, device={str(self.device)!r}, "
             f"train={self.train}, batches={len(self)}, rank={self.rank}/{self.world_size})"
         )
+
+
+def _names_boxes(fields: Any) -> bool:
+    """Whether ``fields=`` asks for a ``boxes`` field (detection batches)."""
+    return isinstance(fields, (list, tuple)) and "boxes" in fields
 
 
 def _rebuild(init: dict[str, Any], epoch: int, resume_batch: int, resumed: tuple | None = None) -> FastLoader:
