@@ -219,6 +219,8 @@ def _add_pack(sub) -> None:
     p.add_argument("--annotations", default=None, metavar="JSON",
                    help="COCO instances_*.json: pack SRC's images with their boxes, labels and iscrowd (docs/detection.md)")
     p.add_argument("--skip-empty", action="store_true", help="with --annotations: leave out images without an annotation")
+    p.add_argument("--masks", choices=("instance", "semantic"), default=None,
+                   help="with --annotations: also store each image's segmentations as one PNG label image (pycocotools)")
 
     def run(args) -> int:
         from .packing import detect_source, pack, pack_coco, pack_parquet, pack_webdataset
@@ -233,10 +235,10 @@ def _add_pack(sub) -> None:
             overwrite=args.overwrite, resume=args.resume, max_size=args.max_size, quality=args.quality,
             baseline=args.baseline, max_pixels=args.max_pixels, progress=not (args.no_progress or args.quiet),
         )  # fmt: skip
-        if args.skip_empty and args.annotations is None:
-            raise ConfigError("--skip-empty applies with --annotations (a COCO instances file)")
+        if (args.skip_empty or args.masks) and args.annotations is None:
+            raise ConfigError(f"{'--skip-empty' if args.skip_empty else '--masks'} applies with --annotations (a COCO instances file)")
         if args.annotations is not None:
-            res = pack_coco(args.src, args.out, annotations=args.annotations, skip_empty=args.skip_empty, **options)
+            res = pack_coco(args.src, args.out, annotations=args.annotations, skip_empty=args.skip_empty, masks=args.masks, **options)
         elif kind == "webdataset":
             res = pack_webdataset(args.src, args.out, json_fields=args.json_fields, **options)
         elif kind == "parquet":

@@ -81,7 +81,9 @@ class DetectionLoader:
         batch_size: images per batch.
         fields: ``"image"``, ``"boxes"`` and any other fields to put in each target dict:
             per-box ``ragged`` fields (``labels``, ``iscrowd``: one row per box) and per-image
-            ``int`` fields (``image_id``). ``labels`` is always included when the dataset has it.
+            ``int`` fields (``image_id``), and ``mask`` (packed with ``--masks``): ``masks``
+            ``uint8 [N, H, W]`` for instance masks, ``mask`` ``int64 [H, W]`` for a semantic one.
+            ``labels`` is always included when the dataset has it.
         shuffle: a new permutation of the samples every epoch (seeded by ``seed`` and the epoch).
         drop_last: leave out the last, smaller batch.
         min_size, max_size: the resize (``GeneralizedRCNNTransform``'s 800 and 1333 by default).
@@ -136,6 +138,8 @@ class DetectionLoader:
     def _check_fields(self, fields: Any) -> tuple[str, ...]:
         schema = self.dataset.schema
         have = ", ".join(schema.names)
+        coco = self.dataset.manifest.options.get("coco") if isinstance(self.dataset.manifest.options, dict) else None
+        self.mask_mode = coco.get("masks") if isinstance(coco, dict) else None
         if isinstance(fields, str) or not isinstance(fields, (list, tuple)):
             raise ConfigError(f"fields must be a tuple of field names such as ('image', 'boxes'), got {reprlib.repr(fields)}")
         if "boxes" not in schema.names or schema["boxes"].kind != "ragged" or schema["boxes"].shape != (4,):
@@ -151,6 +155,10 @@ class DetectionLoader:
                 raise ConfigError(f"fields: {reprlib.repr(n)} is not a field of this dataset (it has {have})")
             if names.count(n) > 1:
                 raise ConfigError(f"fields: {n!r} is asked for twice")
+            if n == "mask":
+                if self.mask_mode not in ("instance", "semantic"):
+                    raise ConfigError(f"fields: 'mask' is not a mask this loader knows (the dataset's options.coco.masks is {self.mask_mode!r}); pack with --masks")
+                continue
             if schema[n].kind not in _PER_BOX_KINDS + _PER_IMAGE_KINDS:
                 raise ConfigError(f"fields: {n!r} is a {schema[n].spec} field; a target holds per-box ragged fields and per-image ints only")
         return tuple(names)
@@ -204,6 +212,9 @@ class DetectionLoader:
         boxes = values["boxes"]
         target = {"boxes": torch.from_numpy(transform_boxes(boxes, size, new, flip))}
         for n in self.targets:
+            if n == "mask":
+                target.update(self._mask(values[n], size, new, flip, boxes.shape[0], where))
+                continue
             if n == "boxes":
                 continue
             v = values[n]
@@ -214,6 +225,29 @@ class DetectionLoader:
             else:
                 target[n] = torch.tensor(int(v), dtype=torch.int64)
         return image, target
+
+    def _mask(self, png: bytes, size: tuple[int, int], new: tuple[int, int], flip: bool, n_boxes: int, where: str) -> dict[str, torch.Tensor]:
+        """The sample's label image resized (nearest neighbour) and flipped as its pixels: ``masks``
+        ``uint8 [N, H, W]`` (instance) or ``mask`` ``int64 [H, W]`` (semantic)."""
+        from PIL import Image
+
+        try:
+            with Image.open(io.BytesIO(png)) as im:
+                im.load()
+                lab = im
+        except Exception as e:  # noqa: BLE001
+            raise CorruptDataError(f"{where}: the mask does not decode ({type(e).__name__}: {e})") from None
+        if (lab.height, lab.width) != size:
+            raise CorruptDataError(f"{where}: the mask is {lab.width}x{lab.height}, the image {size[1]}x{size[0]}")
+        if new != size:
+            lab = lab.resize((new[1], new[0]), Image.NEAREST)
+        if flip:
+            lab = lab.transpose(Image.FLIP_LEFT_RIGHT)
+        arr = np.asarray(lab).astype(np.int64)
+        if self.mask_mode == "semantic":
+            return {"mask": torch.from_numpy(arr)}
+        masks = arr[None, :, :] == np.arange(1, n_boxes + 1)[:, None, None]
+        return {"masks": torch.from_numpy(masks.astype(np.uint8))}
 
     def _collate(self, samples: list[tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> tuple[Any, list[dict[str, torch.Tensor]]]:
         images = [im.to(self.device).float().div_(255) for im, _ in samples]

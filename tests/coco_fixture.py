@@ -43,9 +43,14 @@ def write_coco(root: Path) -> tuple[Path, Path, dict[int, list[tuple[int, int, i
             colour = PALETTE[k]
             px[y : y + bh, x : x + bw] = colour
             colours[iid].append(colour)
+            if crowd:  # crowds are RLE in COCO: uncompressed counts, column-major runs from a 0 run
+                inside = np.zeros((h, w), bool)
+                inside[y : y + bh, x : x + bw] = True
+                seg = {"size": [h, w], "counts": _runs(inside.flatten(order="F"))}
+            else:
+                seg = [[x, y, x + bw, y, x + bw, y + bh, x, y + bh]]
             anns.append({"id": 1000 + k, "image_id": iid, "category_id": cat, "bbox": [x, y, bw, bh],
-                         "area": bw * bh, "iscrowd": crowd,
-                         "segmentation": [[x, y, x + bw, y, x + bw, y + bh, x, y + bh]]})  # fmt: skip
+                         "area": bw * bh, "iscrowd": crowd, "segmentation": seg})  # fmt: skip
             k += 1
         name = f"img_{n:03d}.jpg"
         Image.fromarray(px).save(img_dir / name, quality=98, subsampling=0)
@@ -55,6 +60,20 @@ def write_coco(root: Path) -> tuple[Path, Path, dict[int, list[tuple[int, int, i
     ann_file = root / "instances.json"
     ann_file.write_text(json.dumps({"images": images, "annotations": anns, "categories": CATEGORIES}))
     return img_dir, ann_file, colours
+
+
+def _runs(bits: np.ndarray) -> list[int]:
+    """Run lengths of a flat bool array, the first run counting zeros (COCO's uncompressed RLE)."""
+    edges = np.flatnonzero(np.diff(bits.astype(np.int8))) + 1
+    bounds = np.concatenate([[0], edges, [len(bits)]])
+    runs = np.diff(bounds).tolist()
+    return ([0] + runs) if bits[0] else runs
+
+
+def colour_mask(image_chw: np.ndarray, colour: tuple[int, int, int], tol: float = 60.0) -> np.ndarray:
+    """The pixels within ``tol`` of ``colour`` in a 0..1 float CHW image, as an HxW bool array."""
+    hwc = np.moveaxis(image_chw, 0, -1) * 255.0
+    return np.linalg.norm(hwc - np.asarray(colour, np.float64), axis=-1) < tol
 
 
 def colour_box(image_chw: np.ndarray, colour: tuple[int, int, int], tol: float = 60.0) -> tuple[float, float, float, float] | None:

@@ -96,3 +96,37 @@ def test_bad_annotations_are_one_readable_error(tmp_path, capsys):
     assert main(["pack", str(img_dir), str(out), "--skip-empty"]) != 0
     assert "--skip-empty applies with --annotations" in capsys.readouterr().err
     assert not out.exists() and ann.exists()  # nothing written, the user's file untouched
+
+
+@pytest.mark.parametrize("mode", ["instance", "semantic"])
+def test_masks_are_pycocotools_decoding_of_polygons_and_rle(tmp_path, mode):
+    """The mask PNG against pycocotools' annToMask (polygons, and the crowd's RLE). Kills: masks offset,
+    instance ids not in box order, labels instead of instance ids (or the other way)."""
+    img_dir, ann, _ = write_coco(tmp_path / "src")
+    out = tmp_path / "packed"
+    fastload.pack_coco(img_dir, out, annotations=ann, masks=mode, workers=1, progress=False)
+    api = pycocotools_coco.COCO(str(ann))
+    cat_ids = sorted(api.getCatIds())
+    ds = fastload.Dataset(out)
+    assert ds.schema["mask"].kind == "bytes"
+    rle_seen = 0
+    for i, image_id in enumerate(sorted(api.getImgIds())):
+        v = ds.fields(i, ["mask", "boxes"])
+        lab = np.asarray(Image.open(io.BytesIO(v["mask"])))
+        info = api.loadImgs([image_id])[0]
+        want = np.zeros((info["height"], info["width"]), np.int64)
+        anns = [a for a in api.loadAnns(api.getAnnIds(imgIds=[image_id])) if a["bbox"][2] > 0 and a["bbox"][3] > 0]
+        for k, a in enumerate(anns):
+            rle_seen += isinstance(a["segmentation"], dict)
+            want[api.annToMask(a).astype(bool)] = k + 1 if mode == "instance" else cat_ids.index(a["category_id"]) + 1
+        np.testing.assert_array_equal(lab, want)
+    assert rle_seen == 1
+    assert json.loads((out / "manifest.json").read_text())["options"]["coco"]["masks"] == mode
+
+
+def test_masks_flag_needs_annotations(tmp_path, capsys):
+    img_dir, ann, _ = write_coco(tmp_path / "src")
+    assert main(["pack", str(img_dir), str(tmp_path / "o"), "--masks", "instance"]) != 0
+    assert "--masks applies with --annotations" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="masks must be one of None, 'instance', 'semantic', got 'panoptic'"):
+        fastload.pack_coco(img_dir, tmp_path / "o", annotations=ann, masks="panoptic", progress=False)

@@ -176,3 +176,36 @@ def test_bad_arguments_name_themselves(packed, tmp_path):
     fastload.pack_dataset([{"image": np.zeros((8, 8, 3), np.uint8), "label": 0, "caption": "x"}], plain, progress=False)
     with pytest.raises(ConfigError, match="has no 'boxes' field of kind float32\\[\\]\\[4\\]"):
         DetectionLoader(plain, 1)
+
+
+@pytest.mark.parametrize("flip", [0.0, 1.0])
+def test_instance_masks_cover_their_painted_colour_after_resize_and_flip(tmp_path, flip):
+    """Kills: masks not flipped, masks resized to another size than the image, instance k not box k."""
+    from coco_fixture import colour_mask
+
+    img_dir, ann, colours = write_coco(tmp_path / "src")
+    out = tmp_path / "packed"
+    fastload.pack_coco(img_dir, out, annotations=ann, masks="instance", workers=1, progress=False)
+    loader = DetectionLoader(out, 3, fields=("image", "boxes", "mask", "image_id"), min_size=64, max_size=100, flip=flip)
+    seen = 0
+    for images, targets in loader:
+        for img, t in zip(images, targets):
+            img = img.numpy()
+            masks = t["masks"]
+            assert masks.dtype == torch.uint8 and masks.shape == (len(t["boxes"]), *img.shape[1:])
+            for m, colour in zip(masks.numpy().astype(bool), colours[int(t["image_id"])]):
+                painted = colour_mask(img, colour)
+                iou = (m & painted).sum() / (m | painted).sum()
+                assert iou > 0.8, (int(t["image_id"]), colour, iou)
+                seen += 1
+    assert seen == sum(len(b) for _, b in IMAGES)
+
+
+def test_semantic_mask_is_one_label_image(tmp_path):
+    img_dir, ann, _ = write_coco(tmp_path / "src")
+    out = tmp_path / "packed"
+    fastload.pack_coco(img_dir, out, annotations=ann, masks="semantic", workers=1, progress=False)
+    _, targets = next(iter(DetectionLoader(out, 1, fields=("image", "boxes", "mask"), min_size=90, max_size=120)))
+    mask = targets[0]["mask"]
+    assert mask.dtype == torch.int64 and mask.shape == (90, 120)
+    assert sorted(torch.unique(mask).tolist()) == [0, *sorted(set(targets[0]["labels"].tolist()))]

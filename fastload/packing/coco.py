@@ -8,7 +8,9 @@ Each COCO image becomes one sample with the fields (``docs/detection.md``):
   stored image (COCO's ``bbox`` is ``x, y, width, height``: ``x2 = x + width``);
 * ``labels``: ``int64[]``, each box's contiguous label: the categories sorted by id get
   ``1, 2, ... K`` (0 is the background of torchvision's detection models);
-* ``iscrowd``: ``uint8[]``, COCO's ``iscrowd`` flag of each box (0 if absent).
+* ``iscrowd``: ``uint8[]``, COCO's ``iscrowd`` flag of each box (0 if absent);
+* ``mask`` (with ``masks=``): ``bytes``, one PNG label image of the polygons and RLEs
+  (pycocotools' decoding): instance (pixel ``k`` = box ``k - 1``) or semantic (the label).
 
 The category mapping is stored in the manifest (``options.coco.categories``: id, name,
 label) and shown by ``fastload inspect``. Annotations with a width or height <= 0 are
@@ -18,21 +20,35 @@ annotation are kept (``skip_empty=False``, default) or not packed (``skip_empty=
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 import reprlib
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DependencyError
 
 log = logging.getLogger(__name__)
 
 #: The fields a COCO pack has, in order (kinds as ``docs/fields.md`` writes them).
 COCO_FIELDS = {"image_id": "int", "boxes": "float32[][4]", "labels": "int64[]", "iscrowd": "uint8[]"}
+
+
+#: What ``masks=`` takes: no mask, one instance label image, one semantic label image per sample.
+MASK_MODES = (None, "instance", "semantic")
+
+
+def _mask_api() -> Any:
+    try:
+        from pycocotools import mask
+    except ImportError:
+        raise DependencyError("masks need pycocotools: pip install 'fastload[detection]' (or pycocotools)") from None
+    return mask
 
 
 def _load(annotations: str | os.PathLike) -> dict[str, Any]:
@@ -75,13 +91,21 @@ class CocoSamples:
         images: the directory the ``file_name`` of each image is relative to.
         annotations: the ``instances_*.json`` path.
         skip_empty: leave out images without a (valid) annotation.
+        masks: None (no mask field), ``"instance"`` (a ``mask`` PNG whose pixel ``k`` is box
+            ``k - 1``'s object, 0 the background; uint16 when an image has over 255 boxes) or
+            ``"semantic"`` (pixel = the object's contiguous label). Needs pycocotools.
 
     Raises:
         ConfigError: a missing or malformed annotations file, an annotation naming an unknown
             image or category, a ``bbox`` that is not four numbers.
     """
 
-    def __init__(self, images: str | os.PathLike, annotations: str | os.PathLike, *, skip_empty: bool = False) -> None:
+    def __init__(self, images: str | os.PathLike, annotations: str | os.PathLike, *, skip_empty: bool = False, masks: str | None = None) -> None:
+        if masks not in MASK_MODES:
+            raise ConfigError(f"masks must be one of {', '.join(map(repr, MASK_MODES))}, got {reprlib.repr(masks)}")
+        self.masks = masks
+        if masks is not None:
+            _mask_api()  # DependencyError with the install hint, before any work
         if not isinstance(skip_empty, bool):
             raise ConfigError(f"skip_empty must be True or False, got {reprlib.repr(skip_empty)}")
         self.root = Path(images)
@@ -91,7 +115,7 @@ class CocoSamples:
         where = str(annotations)
         self.categories = category_map(data["categories"], where)
         label_of = {c["id"]: c["label"] for c in self.categories}
-        per_image: dict[int, list[tuple[list[float], int, int]]] = {}
+        per_image: dict[int, list[tuple[list[float], int, int, Any]]] = {}
         images_by_id: dict[int, dict[str, Any]] = {}
         for im in data["images"]:
             if not isinstance(im, dict) or type(im.get("id")) is not int or not isinstance(im.get("file_name"), str):
@@ -123,7 +147,7 @@ class CocoSamples:
         if box[2] <= 0 or box[3] <= 0:  # degenerate: torchvision's COCO reference drops them too
             self.dropped += 1
             return
-        per_image[iid].append((box, label_of[cid], 1 if a.get("iscrowd") else 0))
+        per_image[iid].append((box, label_of[cid], 1 if a.get("iscrowd") else 0, a.get("segmentation")))
 
     @property
     def classes(self) -> None:
@@ -137,19 +161,51 @@ class CocoSamples:
         im, anns = self.items[i]
         with open(self.root / im["file_name"], "rb") as f:  # a missing file is a refused sample
             payload = f.read()
-        xywh = np.array([b for b, _, _ in anns], dtype=np.float64).reshape(-1, 4)
+        xywh = np.array([a[0] for a in anns], dtype=np.float64).reshape(-1, 4)
         xyxy = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1).astype(np.float32)
-        return {
+        item = {
             "image": payload,
             "image_id": int(im["id"]),
             "boxes": xyxy,
-            "labels": np.array([lab for _, lab, _ in anns], dtype=np.int64),
-            "iscrowd": np.array([c for _, _, c in anns], dtype=np.uint8),
+            "labels": np.array([a[1] for a in anns], dtype=np.int64),
+            "iscrowd": np.array([a[2] for a in anns], dtype=np.uint8),
         }
+        if self.masks is not None:
+            item["mask"] = self._mask_png(im, anns)
+        return item
+
+    def _mask_png(self, im: dict[str, Any], anns: list[tuple[list[float], int, int, Any]]) -> bytes:
+        """One label image of every annotation's segmentation (polygons or RLE), as PNG bytes."""
+        from PIL import Image
+
+        api = _mask_api()
+        h, w = im.get("height"), im.get("width")
+        if type(h) is not int or type(w) is not int or h < 1 or w < 1:
+            raise ConfigError(f"image {im['id']} ({im['file_name']}): masks need its integer 'height' and 'width'")
+        out = np.zeros((h, w), np.uint16 if len(anns) > 255 else np.uint8)
+        for k, (_, label, _, seg) in enumerate(anns):
+            if not seg:
+                continue
+            if isinstance(seg, list):  # polygons
+                rle = api.merge(api.frPyObjects(seg, h, w))
+            elif isinstance(seg, dict) and isinstance(seg.get("counts"), list):  # uncompressed RLE
+                rle = api.frPyObjects(seg, h, w)
+            else:  # compressed RLE
+                rle = seg
+            with warnings.catch_warnings():  # pycocotools' own NumPy 2 copy= deprecation
+                warnings.simplefilter("ignore", DeprecationWarning)
+                m = api.decode(rle).astype(bool)
+            if m.shape != (h, w):
+                raise ConfigError(f"image {im['id']} ({im['file_name']}): a segmentation of size {m.shape} for an image of {(h, w)}")
+            out[m] = k + 1 if self.masks == "instance" else label  # a later object covers an earlier one
+        buf = io.BytesIO()
+        Image.fromarray(out).save(buf, format="PNG")
+        return buf.getvalue()
 
     def manifest_options(self, annotations: str | os.PathLike) -> dict[str, Any]:
-        """What the manifest's ``options.coco`` records: the file, the categories, what was left out."""
+        """What the manifest's ``options.coco`` records: the file, the categories, the masks, what was left out."""
         return {
+            "masks": self.masks,
             "annotations": os.path.basename(os.fspath(annotations)),
             "categories": self.categories,
             "dropped_annotations": self.dropped,
@@ -157,4 +213,4 @@ class CocoSamples:
         }
 
 
-__all__ = ["CocoSamples", "category_map", "COCO_FIELDS"]
+__all__ = ["CocoSamples", "category_map", "COCO_FIELDS", "MASK_MODES"]
