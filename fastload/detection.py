@@ -7,7 +7,8 @@ of the batch has one size, else a list of ``[3, H, W]`` tensors; ``targets`` a l
 ``{"boxes": FloatTensor[N, 4], "labels": Int64Tensor[N], ...}`` on the loader's device,
 exactly what ``fasterrcnn_*``, ``retinanet_*`` and ``ssd*`` accept in training and
 evaluation. Decoding and the transforms run on the CPU (PIL, threads); see
-``docs/detection.md`` for what is not there yet (crops, masks, the DALI graph).
+``docs/detection.md`` for what is not there yet (crops, the DALI graph). Masks packed with
+``--masks`` are resized (nearest neighbour) and flipped with the pixels.
 
 The transforms, in torchvision's detection terms:
 
