@@ -209,3 +209,32 @@ def test_semantic_mask_is_one_label_image(tmp_path):
     mask = targets[0]["mask"]
     assert mask.dtype == torch.int64 and mask.shape == (90, 120)
     assert sorted(torch.unique(mask).tolist()) == [0, *sorted(set(targets[0]["labels"].tolist()))]
+
+
+def test_deeplabv3_trains_on_semantic_masks(tmp_path):
+    """A few CPU steps of torchvision's deeplabv3_mobilenet_v3_large on images and their semantic masks."""
+    from torchvision.models.segmentation import deeplabv3_mobilenet_v3_large
+
+    img_dir, ann, _ = write_coco(tmp_path / "src")
+    data = json.loads(ann.read_text())
+    same = {data["images"][0]["id"], data["images"][4]["id"]}  # the two 90x120 images: one batch tensor
+    data["images"] = [im for im in data["images"] if im["id"] in same]
+    data["annotations"] = [a for a in data["annotations"] if a["image_id"] in same]
+    (tmp_path / "same.json").write_text(json.dumps(data))
+    out = tmp_path / "packed"
+    fastload.pack_coco(img_dir, out, annotations=tmp_path / "same.json", masks="semantic", workers=1, progress=False)
+    torch.manual_seed(0)
+    model = deeplabv3_mobilenet_v3_large(weights=None, weights_backbone=None, num_classes=4).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = fastload.FastLoader(out, 2, fields=("image", "boxes", "mask"), flip=0.5, shuffle=True, min_size=90, max_size=120, device="cpu")
+    losses = []
+    for _ in range(3):
+        for images, targets in loader:
+            assert isinstance(images, torch.Tensor) and images.shape == (2, 3, 90, 120)
+            mask = torch.stack([t["mask"] for t in targets])
+            loss = torch.nn.functional.cross_entropy(model(images)["out"], mask)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+    assert len(losses) == 3 and all(np.isfinite(losses))
