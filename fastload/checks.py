@@ -20,6 +20,7 @@ from .format import (
     record_field_values,
     record_payload,
 )
+from .boxes import box_problem, box_rules
 from .fields import FieldStats
 from .imaging import pil_settings
 from .reader import claimed_samples_problem, read_manifest
@@ -226,6 +227,7 @@ def verify(path: str | os.PathLike, *, decode: bool = False) -> VerifyReport:
     m = read_manifest(root)
     stored = m.schema.stored
     field_stats = FieldStats(stored)
+    boxes, num_labels = box_rules(m.schema, m.options)
     problems: list[str] = []
     labels = None
     lp = root / LABELS_NAME
@@ -299,6 +301,8 @@ def verify(path: str | os.PathLike, *, decode: bool = False) -> VerifyReport:
                         values = record_field_values(v, h, stored, where=where)  # the block's check, every field
                         if stored:
                             field_stats.add(values)
+                        if boxes and box_problem(values, num_labels):  # docs/detection.md
+                            raise CorruptDataError(f"{where}: {box_problem(values, num_labels)}")
                         if decode:  # also what the payload's headers cannot show: that it decodes
                             why = _decode_problem(payload, h.encoding, h.width, h.height)
                             if why:

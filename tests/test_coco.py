@@ -130,3 +130,37 @@ def test_masks_flag_needs_annotations(tmp_path, capsys):
     assert "--masks applies with --annotations" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="masks must be one of None, 'instance', 'semantic', got 'panoptic'"):
         fastload.pack_coco(img_dir, tmp_path / "o", annotations=ann, masks="panoptic", progress=False)
+
+
+def test_verify_checks_the_boxes(coco, tmp_path, capsys):
+    """A clean COCO pack verifies; inverted, non-finite boxes and a label count that is not the box
+    count are problems naming the sample and the box. Kills: verify not looking at boxes."""
+    _, _, out, _ = coco
+    assert main(["verify", str(out)]) == 0
+    capsys.readouterr()
+    img = np.zeros((16, 16, 3), np.uint8)
+    kinds = {"boxes": "float32[][4]", "labels": "int64[]"}
+    samples = [
+        {"image": img, "boxes": np.array([[1, 1, 4, 4]], np.float32), "labels": np.array([1])},
+        {"image": img, "boxes": np.array([[1, 1, 4, 4], [9, 2, 5, 6]], np.float32), "labels": np.array([1, 2])},
+        {"image": img, "boxes": np.array([[np.nan, 1, 4, 4]], np.float32), "labels": np.array([1])},
+        {"image": img, "boxes": np.array([[1, 1, 4, 4]], np.float32), "labels": np.array([1, 2])},
+    ]
+    bad = tmp_path / "bad"
+    fastload.pack_dataset(samples, bad, fields=kinds, workers=1, progress=False)
+    rep = fastload.verify(bad)
+    assert len(rep.problems) == 3, rep.problems
+    assert "sample 1 " in rep.problems[0] and "box 1: x2 5.0 < x1 9.0" in rep.problems[0]
+    assert "sample 2 " in rep.problems[1] and "box 0 is not finite" in rep.problems[1]
+    assert "sample 3 " in rep.problems[2] and "2 labels for 1 boxes" in rep.problems[2]
+    assert main(["verify", str(bad)]) == 1
+
+
+def test_labels_outside_the_categories_are_a_box_problem():
+    from fastload.boxes import box_problem
+
+    boxes = np.array([[0, 0, 2, 2], [1, 1, 3, 3]], np.float32)
+    assert box_problem({"boxes": boxes, "labels": np.array([1, 3])}, 3) is None
+    assert box_problem({"boxes": boxes, "labels": np.array([1, 4])}, 3) == "box 1: label 4 is outside 1..3 (the categories)"
+    assert box_problem({"boxes": boxes, "labels": np.array([0, 1])}, 3) == "box 0: label 0 is outside 1..3 (the categories)"
+    assert box_problem({"boxes": boxes, "labels": np.array([0, 9])}) is None  # no categories known: not checked
