@@ -18,6 +18,7 @@ still alive, so a script that breaks out of a loop exits cleanly.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import operator
 import os
@@ -844,6 +845,10 @@ class FastLoader:
             f"FastLoader({str(self.packed.path)!r}, batch_size={self.batch_size}, device={str(self.device)!r}, "
             f"train={self.train}, batches={len(self)}, rank={self.rank}/{self.world_size})"
         )
+
+
+# FastLoader(...)'s signature is __init__'s (help(), IDEs, the drop-in checks), not __new__'s *args, **kwargs
+FastLoader.__new__.__signature__ = inspect.signature(FastLoader.__init__)  # type: ignore[attr-defined]
 
 
 def _names_boxes(fields: Any) -> bool:
