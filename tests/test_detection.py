@@ -238,3 +238,11 @@ def test_deeplabv3_trains_on_semantic_masks(tmp_path):
             opt.step()
             losses.append(float(loss))
     assert len(losses) == 3 and all(np.isfinite(losses))
+
+
+def test_fastloader_signature_is_still_its_init():
+    """Kills: __new__'s (*args, **kwargs) showing as FastLoader's signature in help() and IDEs."""
+    import inspect
+
+    params = list(inspect.signature(fastload.FastLoader).parameters)
+    assert params[:3] == ["dataset", "batch_size", "shuffle"] and "fields" in params and "args" not in params
