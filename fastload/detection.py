@@ -92,6 +92,9 @@ class DetectionLoader:
         seed: seeds the order and the flips.
         device: where the tensors go (``"cpu"``, ``"cuda"``, ``"cuda:N"``).
         num_threads: decoding threads (default: the cores, at most 8).
+        rank, world_size: this process's share of each epoch (default: from torch.distributed):
+            the epoch's order padded by its first samples to a multiple of ``world_size``, then
+            every ``world_size``-th sample from ``rank``, as ``DistributedSampler`` shares it.
 
     Raises:
         ConfigError: an argument out of range, a field the dataset lacks, a dataset without boxes.
@@ -111,6 +114,8 @@ class DetectionLoader:
         seed: int = 0,
         device: str | torch.device = "cpu",
         num_threads: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
         self.batch_size = _positive("batch_size", batch_size)
         self.min_size = _positive("min_size", min_size)
@@ -132,6 +137,7 @@ class DetectionLoader:
             raise ConfigError(f"device: {reprlib.repr(device)} is not a torch device (use 'cpu', 'cuda' or 'cuda:N')") from None
         self.num_threads = min(8, os.cpu_count() or 1) if num_threads is None else _positive("num_threads", num_threads)
         self.flip, self.shuffle, self.drop_last = float(flip), shuffle, drop_last
+        self.rank, self.world_size = _ranks(rank, world_size)
         self.dataset = Dataset(dataset.path if isinstance(dataset, Dataset) else dataset, check=True)
         self.targets = self._check_fields(fields)
         self.epoch = 0
@@ -169,15 +175,16 @@ class DetectionLoader:
         self.epoch = operator.index(epoch)
 
     def __len__(self) -> int:
-        n = len(self.dataset)
+        n = -(-len(self.dataset) // self.world_size)  # this rank's samples
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def order(self, epoch: int) -> np.ndarray:
-        """The sample indices of one epoch, in the order they are served."""
+        """This rank's sample indices of one epoch, in the order they are served."""
         n = len(self.dataset)
-        if not self.shuffle:
-            return np.arange(n)
-        return np.random.default_rng([self.seed & 0xFFFFFFFF, epoch & 0xFFFFFFFF]).permutation(n)
+        full = np.arange(n) if not self.shuffle else np.random.default_rng([self.seed & 0xFFFFFFFF, epoch & 0xFFFFFFFF]).permutation(n)
+        total = -(-n // self.world_size) * self.world_size
+        full = np.concatenate([full, np.resize(full, total - n)]) if total > n else full
+        return full[self.rank :: self.world_size]
 
     def __iter__(self) -> Iterator[tuple[Any, list[dict[str, torch.Tensor]]]]:
         epoch = self.epoch
@@ -265,7 +272,26 @@ class DetectionLoader:
 
 
 #: FastLoader keywords a detection loader takes (the rest are refused, naming them).
-_TAKEN = ("fields", "shuffle", "drop_last", "min_size", "max_size", "flip", "seed", "device", "num_threads")
+_TAKEN = ("fields", "shuffle", "drop_last", "min_size", "max_size", "flip", "seed", "device", "num_threads", "rank", "world_size")
+
+
+def _ranks(rank: Any, world_size: Any) -> tuple[int, int]:
+    """``(rank, world_size)``: both given, or neither (torch.distributed's, else 0 and 1)."""
+    if rank is None and world_size is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+    if rank is None or world_size is None:
+        raise ConfigError(f"give both rank and world_size or neither, got rank={rank!r}, world_size={world_size!r}")
+    ws = _positive("world_size", world_size)
+    try:
+        r = operator.index(rank) if not isinstance(rank, bool) else None
+    except TypeError:
+        r = None
+    if r is None or not 0 <= r < ws:
+        raise ConfigError(f"rank must be an int in [0, world_size={ws}), got {reprlib.repr(rank)}")
+    return r, ws
 
 
 def detection_loader(dataset: Any, batch_size: int = 1, shuffle: bool | None = None, *args: Any, **kwargs: Any) -> DetectionLoader:

@@ -246,3 +246,24 @@ def test_fastloader_signature_is_still_its_init():
 
     params = list(inspect.signature(fastload.FastLoader).parameters)
     assert params[:3] == ["dataset", "batch_size", "shuffle"] and "fields" in params and "args" not in params
+
+
+def test_ranks_share_each_epoch_as_distributed_sampler(packed):
+    """Kills: every rank serving the whole epoch, ranks overlapping beyond the padding, unequal shares."""
+    out, _, _ = packed
+    n = len(IMAGES)
+    for world in (1, 4):
+        ids = []
+        for rank in range(world):
+            loader = DetectionLoader(out, 2, fields=("image", "boxes", "image_id"), shuffle=True, seed=5, min_size=32, max_size=64,
+                                     rank=rank, world_size=world)  # fmt: skip
+            got = [int(t["image_id"]) for _, targets in loader for t in targets]
+            assert len(got) == -(-n // world) and len(loader) == -(-len(got) // 2)
+            ids += got
+        want = torch.utils.data.DistributedSampler(list(range(n)), num_replicas=world, rank=0, shuffle=False)
+        assert len(ids) == len(want) * world  # padded to equal shares, as DistributedSampler pads
+        assert sorted(set(ids)) == sorted(100 + 7 * k for k in range(n))
+    with pytest.raises(ConfigError, match=r"rank must be an int in \[0, world_size=2\), got 2"):
+        DetectionLoader(out, 2, rank=2, world_size=2)
+    with pytest.raises(ConfigError, match="give both rank and world_size or neither"):
+        DetectionLoader(out, 2, rank=0)
