@@ -27,7 +27,7 @@ import math
 import operator
 import os
 import reprlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -98,6 +98,8 @@ class DetectionLoader:
 
     Raises:
         ConfigError: an argument out of range, a field the dataset lacks, a dataset without boxes.
+
+    The next batch is decoded in the threads while the current one is used (one batch ahead).
     """
 
     def __init__(
@@ -190,13 +192,19 @@ class DetectionLoader:
         epoch = self.epoch
         order = self.order(epoch)
         flips = uniforms(self.seed, epoch, order, 1)[:, 0] < self.flip
+        starts = [s for s in range(0, len(order), self.batch_size) if not (self.drop_last and len(order) - s < self.batch_size)]
         with ThreadPoolExecutor(self.num_threads, thread_name_prefix="fastload-detect") as pool, pil_settings():
-            for start in range(0, len(order), self.batch_size):
-                idx = order[start : start + self.batch_size]
-                if self.drop_last and len(idx) < self.batch_size:
-                    break
-                samples = list(pool.map(self._sample, idx.tolist(), flips[start : start + len(idx)].tolist()))
+
+            def submit(start: int) -> list[Future]:
+                idx = order[start : start + self.batch_size].tolist()
+                return [pool.submit(self._sample, i, bool(f)) for i, f in zip(idx, flips[start : start + len(idx)])]
+
+            pending = submit(starts[0]) if starts else []
+            for k in range(len(starts)):
+                ahead = submit(starts[k + 1]) if k + 1 < len(starts) else []  # the next batch decodes while this one is used
+                samples = [f.result() for f in pending]
                 yield self._collate(samples)
+                pending = ahead
         self.epoch = epoch + 1
 
     def _sample(self, index: int, flip: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

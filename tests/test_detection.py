@@ -267,3 +267,17 @@ def test_ranks_share_each_epoch_as_distributed_sampler(packed):
         DetectionLoader(out, 2, rank=2, world_size=2)
     with pytest.raises(ConfigError, match="give both rank and world_size or neither"):
         DetectionLoader(out, 2, rank=0)
+
+
+def test_a_loop_left_early_leaves_no_thread_and_the_next_epoch_is_whole(packed):
+    """The batch decoded ahead is finished or dropped when a loop breaks; kills threads left running."""
+    import threading
+
+    out, _, _ = packed
+    loader = DetectionLoader(out, 2, fields=("image", "boxes", "image_id"), min_size=32, max_size=64)
+    it = iter(loader)
+    next(it)
+    it.close()  # what a `break` does to the generator
+    assert not [t for t in threading.enumerate() if t.name.startswith("fastload-detect")]
+    loader.set_epoch(0)
+    assert [int(t["image_id"]) for _, ts in loader for t in ts] == [100 + 7 * k for k in range(len(IMAGES))]
