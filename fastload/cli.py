@@ -235,6 +235,8 @@ def _add_pack(sub) -> None:
             overwrite=args.overwrite, resume=args.resume, max_size=args.max_size, quality=args.quality,
             baseline=args.baseline, max_pixels=args.max_pixels, progress=not (args.no_progress or args.quiet),
         )  # fmt: skip
+        if args.annotations is not None and (args.source_kind not in (None, "folder") or args.json_fields or args.image_column):
+            raise ConfigError("--annotations packs a folder of COCO images; it cannot be combined with --from webdataset|parquet, --json-fields or --image-column")
         if (args.skip_empty or args.masks) and args.annotations is None:
             raise ConfigError(f"{'--skip-empty' if args.skip_empty else '--masks'} applies with --annotations (a COCO instances file)")
         if args.annotations is not None:

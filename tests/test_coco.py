@@ -93,6 +93,8 @@ def test_bad_annotations_are_one_readable_error(tmp_path, capsys):
         fastload.pack_coco(img_dir, out, annotations=bad, progress=False)
     with pytest.raises(ConfigError, match="max_size=64"):
         fastload.pack_coco(img_dir, out, annotations=ann, max_size=64, progress=False)
+    assert main(["pack", str(img_dir), str(out), "--annotations", str(ann), "--from", "parquet"]) != 0
+    assert "--annotations packs a folder of COCO images" in capsys.readouterr().err
     assert main(["pack", str(img_dir), str(out), "--skip-empty"]) != 0
     assert "--skip-empty applies with --annotations" in capsys.readouterr().err
     assert not out.exists() and ann.exists()  # nothing written, the user's file untouched
