@@ -335,7 +335,9 @@ class FastLoader:
         fields: the fields each batch holds, in order, such as ``("image", "txt", "label")``, of a
             packed dataset with typed fields (``docs/fields.md``); each batch is then a
             :class:`fastload.FieldBatch` (a tuple in this order, ``batch["txt"]`` by name). Default:
-            ``[images, labels]`` batches, as today.
+            ``[images, labels]`` batches, as today. Naming ``"boxes"`` gives a
+            :class:`fastload.DetectionLoader` instead (``(images, targets)`` batches, with
+            ``min_size``, ``max_size`` and ``flip``: ``docs/detection.md``).
         pad_to: with ``fields``, pad (or truncate) ragged fields such as token ids to this many rows
             (an int, or a dict of field name -> int): one tensor per field, with the lengths in
             ``batch.lengths[name]``; default: a list of tensors per ragged field.
