@@ -151,6 +151,8 @@ def format_inspect(info: dict[str, Any], *, max_classes: int = 50) -> str:
     if isinstance(coco, dict) and isinstance(coco.get("categories"), list):  # fastload pack --annotations
         lines.append(f"categories ({e(str(coco.get('annotations')))}; label  COCO id  name):")
         lines.extend(f"  {c.get('label'):>5}  {c.get('id'):>7}  {e(str(c.get('name')))}" for c in coco["categories"] if isinstance(c, dict))
+        if coco.get("masks"):
+            lines.append(f"masks        {e(str(coco['masks']))}, of labels {e(', '.join(map(str, coco.get('mask_labels') or [])) or '-')}")
     lines += [
         "class counts:",
     ]

@@ -101,7 +101,7 @@ def test_bad_annotations_are_one_readable_error(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("mode", ["instance", "semantic"])
-def test_masks_are_pycocotools_decoding_of_polygons_and_rle(tmp_path, mode):
+def test_masks_are_pycocotools_decoding_of_polygons_and_rle(tmp_path, mode, capsys):
     """The mask PNG against pycocotools' annToMask (polygons, and the crowd's RLE). Kills: masks offset,
     instance ids not in box order, labels instead of instance ids (or the other way)."""
     img_dir, ann, _ = write_coco(tmp_path / "src")
@@ -123,7 +123,12 @@ def test_masks_are_pycocotools_decoding_of_polygons_and_rle(tmp_path, mode):
             want[api.annToMask(a).astype(bool)] = k + 1 if mode == "instance" else cat_ids.index(a["category_id"]) + 1
         np.testing.assert_array_equal(lab, want)
     assert rle_seen == 1
-    assert json.loads((out / "manifest.json").read_text())["options"]["coco"]["masks"] == mode
+    coco_opts = json.loads((out / "manifest.json").read_text())["options"]["coco"]
+    assert coco_opts["masks"] == mode
+    labels_with_masks = sorted({cat_ids.index(a["category_id"]) + 1 for a in api.loadAnns(api.getAnnIds()) if a["segmentation"]})
+    assert coco_opts["mask_labels"] == labels_with_masks
+    assert main(["inspect", str(out)]) == 0
+    assert f"masks        {mode}, of labels {', '.join(map(str, labels_with_masks))}" in capsys.readouterr().out
 
 
 def test_masks_flag_needs_annotations(tmp_path, capsys):

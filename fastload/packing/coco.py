@@ -204,8 +204,10 @@ class CocoSamples:
 
     def manifest_options(self, annotations: str | os.PathLike) -> dict[str, Any]:
         """What the manifest's ``options.coco`` records: the file, the categories, the masks, what was left out."""
+        with_segmentation = sorted({a[1] for _, anns in self.items for a in anns if a[3]}) if self.masks else []
         return {
             "masks": self.masks,
+            "mask_labels": with_segmentation,
             "annotations": os.path.basename(os.fspath(annotations)),
             "categories": self.categories,
             "dropped_annotations": self.dropped,
