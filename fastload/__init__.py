@@ -24,12 +24,12 @@ from .profile import profile
 from .checks import inspect, verify
 from .reader import Dataset
 from .sample import make_sample
-from .packing import PackResult, pack, pack_dataset, pack_parquet, pack_webdataset
+from .packing import PackResult, pack, pack_coco, pack_dataset, pack_parquet, pack_webdataset
 from .fields import Field, Schema
 
 # FastLoader and Augment import torch (FastLoader DALI too): load it on first use so that `fastload pack`
 # and `import fastload` stay light and work where DALI is not installed.
-_LAZY = {"FastLoader": "loader", "FieldBatch": "fieldbatch", "Augment": "settings", "IMAGENET_MEAN": "settings", "IMAGENET_STD": "settings"}
+_LAZY = {"FastLoader": "loader", "DetectionLoader": "detection", "FieldBatch": "fieldbatch", "Augment": "settings", "IMAGENET_MEAN": "settings", "IMAGENET_STD": "settings"}
 
 
 def __getattr__(name: str):
@@ -48,9 +48,11 @@ __all__ = [
     "pack_dataset",
     "pack_webdataset",
     "pack_parquet",
+    "pack_coco",
     "Field",
     "Schema",
     "FieldBatch",
+    "DetectionLoader",
     "PackResult",
     "inspect",
     "verify",

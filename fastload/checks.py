@@ -20,6 +20,7 @@ from .format import (
     record_field_values,
     record_payload,
 )
+from .boxes import box_problem, box_rules
 from .fields import FieldStats
 from .imaging import pil_settings
 from .reader import claimed_samples_problem, read_manifest
@@ -146,6 +147,12 @@ def format_inspect(info: dict[str, Any], *, max_classes: int = 50) -> str:
     if len(info.get("fields", [])) > 2 or any(f["kind"] != k for f, k in zip(info.get("fields", []), ("image", "label"))):
         lines.append("fields:")
         lines.extend(_field_line(d) for d in info["fields"])
+    coco = info.get("options", {}).get("coco") if isinstance(info.get("options"), dict) else None
+    if isinstance(coco, dict) and isinstance(coco.get("categories"), list):  # fastload pack --annotations
+        lines.append(f"categories ({e(str(coco.get('annotations')))}; label  COCO id  name):")
+        lines.extend(f"  {c.get('label'):>5}  {c.get('id'):>7}  {e(str(c.get('name')))}" for c in coco["categories"] if isinstance(c, dict))
+        if coco.get("masks"):
+            lines.append(f"masks        {e(str(coco['masks']))}, of labels {e(', '.join(map(str, coco.get('mask_labels') or [])) or '-')}")
     lines += [
         "class counts:",
     ]
@@ -222,6 +229,7 @@ def verify(path: str | os.PathLike, *, decode: bool = False) -> VerifyReport:
     m = read_manifest(root)
     stored = m.schema.stored
     field_stats = FieldStats(stored)
+    boxes, num_labels = box_rules(m.schema, m.options)
     problems: list[str] = []
     labels = None
     lp = root / LABELS_NAME
@@ -295,6 +303,8 @@ def verify(path: str | os.PathLike, *, decode: bool = False) -> VerifyReport:
                         values = record_field_values(v, h, stored, where=where)  # the block's check, every field
                         if stored:
                             field_stats.add(values)
+                        if boxes and box_problem(values, num_labels):  # docs/detection.md
+                            raise CorruptDataError(f"{where}: {box_problem(values, num_labels)}")
                         if decode:  # also what the payload's headers cannot show: that it decodes
                             why = _decode_problem(payload, h.encoding, h.width, h.height)
                             if why:

@@ -216,9 +216,14 @@ def _add_pack(sub) -> None:
     p.add_argument("--json-fields", default=None, metavar="A,B",
                    help="webdataset: keys of each .json stored as typed fields (a,b or a:int,b:float32[3]) instead of the json text")
     p.add_argument("--image-column", default=None, metavar="NAME", help="parquet: the column holding the images")
+    p.add_argument("--annotations", default=None, metavar="JSON",
+                   help="COCO instances_*.json: pack SRC's images with their boxes, labels and iscrowd (docs/detection.md)")
+    p.add_argument("--skip-empty", action="store_true", help="with --annotations: leave out images without an annotation")
+    p.add_argument("--masks", choices=("instance", "semantic"), default=None,
+                   help="with --annotations: also store each image's segmentations as one PNG label image (pycocotools)")
 
     def run(args) -> int:
-        from .packing import detect_source, pack, pack_parquet, pack_webdataset
+        from .packing import detect_source, pack, pack_coco, pack_parquet, pack_webdataset
 
         kind = args.source_kind or detect_source(args.src)
         if args.json_fields is not None and kind != "webdataset":
@@ -230,7 +235,13 @@ def _add_pack(sub) -> None:
             overwrite=args.overwrite, resume=args.resume, max_size=args.max_size, quality=args.quality,
             baseline=args.baseline, max_pixels=args.max_pixels, progress=not (args.no_progress or args.quiet),
         )  # fmt: skip
-        if kind == "webdataset":
+        if args.annotations is not None and (args.source_kind not in (None, "folder") or args.json_fields or args.image_column):
+            raise ConfigError("--annotations packs a folder of COCO images; it cannot be combined with --from webdataset|parquet, --json-fields or --image-column")
+        if (args.skip_empty or args.masks) and args.annotations is None:
+            raise ConfigError(f"{'--skip-empty' if args.skip_empty else '--masks'} applies with --annotations (a COCO instances file)")
+        if args.annotations is not None:
+            res = pack_coco(args.src, args.out, annotations=args.annotations, skip_empty=args.skip_empty, masks=args.masks, **options)
+        elif kind == "webdataset":
             res = pack_webdataset(args.src, args.out, json_fields=args.json_fields, **options)
         elif kind == "parquet":
             res = pack_parquet(args.src, args.out, image_column=args.image_column, **options)

@@ -18,6 +18,7 @@ still alive, so a script that breaks out of a loop exits cleanly.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import operator
 import os
@@ -358,11 +359,26 @@ class FastLoader:
         fields: the fields each batch holds, in order, such as ``("image", "txt", "label")``, of a
             packed dataset with typed fields (``docs/fields.md``); each batch is then a
             :class:`fastload.FieldBatch` (a tuple in this order, ``batch["txt"]`` by name). Default:
-            ``[images, labels]`` batches, as today.
+            ``[images, labels]`` batches, as today. Naming ``"boxes"`` gives a
+            :class:`fastload.DetectionLoader` instead (``(images, targets)`` batches, with
+            ``min_size``, ``max_size`` and ``flip``: ``docs/detection.md``).
         pad_to: with ``fields``, pad (or truncate) ragged fields such as token ids to this many rows
             (an int, or a dict of field name -> int): one tensor per field, with the lengths in
             ``batch.lengths[name]``; default: a list of tensors per ragged field.
     """
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """``fields=`` naming ``"boxes"`` gives a :class:`fastload.DetectionLoader` instead: images resized
+        (``min_size``/``max_size``) and flipped with their boxes, ``(images, targets)`` batches
+        (``docs/detection.md``); every other loader is a FastLoader."""
+        if _names_boxes(kwargs.get("fields")):
+            from .detection import detection_loader
+
+            return detection_loader(*args, **kwargs)
+        for k in ("min_size", "max_size"):
+            if k in kwargs:
+                raise ConfigError(f"{k}={kwargs[k]!r} applies to detection batches: name the boxes in fields=, e.g. fields=('image', 'boxes')")
+        return super().__new__(cls)
+
     def __init__(
         self,
         dataset: Any,
@@ -856,6 +872,15 @@ class FastLoader:
             f"FastLoader({str(self.packed.path)!r}, batch_size={self.batch_size}, device={str(self.device)!r}, "
             f"train={self.train}, batches={len(self)}, rank={self.rank}/{self.world_size})"
         )
+
+
+# FastLoader(...)'s signature is __init__'s (help(), IDEs, the drop-in checks), not __new__'s *args, **kwargs
+FastLoader.__new__.__signature__ = inspect.signature(FastLoader.__init__)  # type: ignore[attr-defined]
+
+
+def _names_boxes(fields: Any) -> bool:
+    """Whether ``fields=`` asks for a ``boxes`` field (detection batches)."""
+    return isinstance(fields, (list, tuple)) and "boxes" in fields
 
 
 def _rebuild(init: dict[str, Any], epoch: int, resume_batch: int, resumed: tuple | None = None) -> FastLoader:

@@ -45,8 +45,8 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 "${pip[@]}" install -U pip setuptools wheel
 log "installing torch and torchvision (pinned, a few minutes the first time)"
 "${pip[@]}" install -c requirements/constraints.txt torch torchvision
-log "installing fastload with its bench, sample, dev, integrations, s3 and fields extras (DALI is about 0.9 GB)"
-"${pip[@]}" install -c requirements/constraints.txt -e ".[bench,sample,dev,integrations,s3,fields]"
+log "installing fastload with its bench, sample, dev, integrations, s3, fields and detection extras (DALI is about 0.9 GB)"
+"${pip[@]}" install -c requirements/constraints.txt -e ".[bench,sample,dev,integrations,s3,fields,detection]"
 # torchvision (and timm, through it) pulls in pillow, and pillow and pillow-simd share the PIL package:
 # remove both, then build pillow-simd from source, last, bypassing the wheel cache.
 log "installing pillow-simd last, from source"

@@ -378,6 +378,7 @@ def _run(source: Source, settings: _Settings) -> PackResult:
     check_out(out_p, settings.overwrite)
 
     options = _options_json(settings.shard_size, settings.image, isinstance(source, FieldSource) and not source.schema.plain)
+    options.update(getattr(source, "manifest_options", None) or {})  # a converter's own record (pack_coco: options.coco)
     stats = HeaderStats()
     journal, lock = prepare_partial(
         partial, out_p, Journal(json_path(source.description), source.fingerprint(), options),
@@ -710,6 +711,32 @@ def pack_parquet(src: str | os.PathLike, out: str | os.PathLike, *, image_column
 
     settings = _settings(out, **_options(options))
     return _run(ParquetSource(src, image_column=image_column), settings)
+
+
+def pack_coco(
+    images: str | os.PathLike, out: str | os.PathLike, *, annotations: str | os.PathLike, skip_empty: bool = False, masks: str | None = None,
+    **options: Any,
+) -> PackResult:
+    """Pack COCO detection annotations (``instances_*.json``) over their image directory into ``out``.
+
+    Every image becomes a sample with the fields ``image``, ``image_id``, ``boxes``
+    (``float32[][4]``, XYXY pixels), ``labels`` (``int64[]``, categories sorted by id as
+    ``1 .. K``), ``iscrowd`` (``uint8[]``) and with ``masks="instance"`` or ``"semantic"`` a ``mask``
+    (PNG bytes of one label image, pycocotools); the category mapping is the manifest's
+    ``options.coco`` (``docs/detection.md``). ``skip_empty`` leaves out images without an
+    annotation. ``options`` are :func:`pack`'s, except ``max_size`` (a resize at pack time
+    would move the pixels under the boxes).
+    """
+    from .coco import COCO_FIELDS, CocoSamples
+
+    if options.get("max_size") is not None:
+        raise ConfigError(f"max_size={options['max_size']!r}: a COCO pack keeps the images' own size (the boxes are in their pixels); resize in the loader")
+    settings = _settings(out, **_options(options))
+    samples = CocoSamples(images, annotations, skip_empty=skip_empty, masks=masks)
+    source = DictDatasetSource(samples, None, {**COCO_FIELDS, **({"mask": "bytes"} if masks else {})})
+    source.description = f"coco:{os.fspath(annotations)}"
+    source.manifest_options = {"coco": samples.manifest_options(annotations)}
+    return _run(source, settings)
 
 
 def _options(options: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,331 @@
+"""Detection batches: images resized (and flipped) with their boxes, as torchvision's detection models take them.
+
+:class:`DetectionLoader` reads a packed dataset with a ``boxes`` field (``fastload pack IMAGES
+OUT --annotations instances.json``, :func:`fastload.pack_coco`) and yields
+``(images, targets)``: ``images`` one ``[B, 3, H, W]`` float tensor (0..1) when every image
+of the batch has one size, else a list of ``[3, H, W]`` tensors; ``targets`` a list of dicts
+``{"boxes": FloatTensor[N, 4], "labels": Int64Tensor[N], ...}`` on the loader's device,
+exactly what ``fasterrcnn_*``, ``retinanet_*`` and ``ssd*`` accept in training and
+evaluation. Decoding and the transforms run on the CPU (PIL, threads); see
+``docs/detection.md`` for what is not there yet (crops, the DALI graph). Masks packed with
+``--masks`` are resized (nearest neighbour) and flipped with the pixels.
+
+The transforms, in torchvision's detection terms:
+
+* **resize** keeping the aspect ratio (``GeneralizedRCNNTransform``): the scale is
+  ``min(min_size / shorter side, max_size / longer side)``, the new size
+  ``floor(side * scale)``, the boxes multiplied by ``new / old`` on each axis;
+* **horizontal flip** with probability ``flip`` (``RandomHorizontalFlip``): pixels mirrored,
+  each box ``x1, x2 -> W - x2, W - x1``. Each sample's draw is a pure function of
+  ``(seed, epoch, sample index)`` (:func:`fastload.augment.uniforms`), as FastLoader's are.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import operator
+import os
+import reprlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from .augment import uniforms
+from .errors import ConfigError, CorruptDataError
+from .imaging import pil_settings
+from .reader import Dataset
+
+#: Fields a target dict may hold besides ``boxes``: one row per box, or one value per image.
+_PER_BOX_KINDS = ("ragged",)
+_PER_IMAGE_KINDS = ("int", "label")
+
+
+def resized_size(height: int, width: int, *, min_size: int, max_size: int) -> tuple[int, int]:
+    """``(new_height, new_width)`` of an image resized as ``GeneralizedRCNNTransform`` resizes it."""
+    scale = min(min_size / min(height, width), max_size / max(height, width))
+    # torch's interpolate(scale_factor=s, recompute_scale_factor=True) takes floor(side * s)
+    return max(1, math.floor(height * scale)), max(1, math.floor(width * scale))
+
+
+def transform_boxes(boxes: np.ndarray, size: tuple[int, int], new_size: tuple[int, int], flip: bool) -> np.ndarray:
+    """XYXY ``boxes`` of an image of ``size`` (h, w) moved to the image resized to ``new_size`` and
+    mirrored if ``flip``."""
+    (h, w), (nh, nw) = size, new_size
+    out = boxes.astype(np.float32, copy=True)
+    out[:, 0::2] *= np.float32(nw / w)
+    out[:, 1::2] *= np.float32(nh / h)
+    if flip:
+        out[:, [0, 2]] = nw - out[:, [2, 0]]
+    return out
+
+
+def _positive(name: str, value: Any) -> int:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        v = operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be a positive int, got {reprlib.repr(value)}") from None
+    if v < 1:
+        raise ConfigError(f"{name} must be a positive int, got {v}")
+    return v
+
+
+class DetectionLoader:
+    """``(images, targets)`` batches of a packed detection dataset, boxes kept on their pixels.
+
+    Args:
+        dataset: a packed dataset directory with a ``boxes`` field (``float32[][4]``).
+        batch_size: images per batch.
+        fields: ``"image"``, ``"boxes"`` and any other fields to put in each target dict:
+            per-box ``ragged`` fields (``labels``, ``iscrowd``: one row per box) and per-image
+            ``int`` fields (``image_id``), and ``mask`` (packed with ``--masks``): ``masks``
+            ``uint8 [N, H, W]`` for instance masks, ``mask`` ``int64 [H, W]`` for a semantic one.
+            ``labels`` is always included when the dataset has it.
+        shuffle: a new permutation of the samples every epoch (seeded by ``seed`` and the epoch).
+        drop_last: leave out the last, smaller batch.
+        min_size, max_size: the resize (``GeneralizedRCNNTransform``'s 800 and 1333 by default).
+        flip: probability of a horizontal flip (0.0 for evaluation).
+        seed: seeds the order and the flips.
+        device: where the tensors go (``"cpu"``, ``"cuda"``, ``"cuda:N"``).
+        num_threads: decoding threads (default: the cores, at most 8).
+        rank, world_size: this process's share of each epoch (default: from torch.distributed):
+            the epoch's order padded by its first samples to a multiple of ``world_size``, then
+            every ``world_size``-th sample from ``rank``, as ``DistributedSampler`` shares it.
+
+    Raises:
+        ConfigError: an argument out of range, a field the dataset lacks, a dataset without boxes.
+
+    The next batch is decoded in the threads while the current one is used (one batch ahead).
+    """
+
+    def __init__(
+        self,
+        dataset: str | os.PathLike,
+        batch_size: int = 1,
+        *,
+        fields: Sequence[str] = ("image", "boxes"),
+        shuffle: bool = False,
+        drop_last: bool = False,
+        min_size: int = 800,
+        max_size: int = 1333,
+        flip: float = 0.0,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        num_threads: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        self.batch_size = _positive("batch_size", batch_size)
+        self.min_size = _positive("min_size", min_size)
+        self.max_size = _positive("max_size", max_size)
+        if self.max_size < self.min_size:
+            raise ConfigError(f"max_size={self.max_size} is below min_size={self.min_size}; the longer side caps the shorter")
+        if isinstance(flip, bool) or not isinstance(flip, (int, float)) or not 0.0 <= flip <= 1.0:
+            raise ConfigError(f"flip must be a probability in [0, 1], got {reprlib.repr(flip)}")
+        for name, v in (("shuffle", shuffle), ("drop_last", drop_last)):
+            if not isinstance(v, bool):
+                raise ConfigError(f"{name} must be True or False, got {reprlib.repr(v)}")
+        try:
+            self.seed = operator.index(seed)
+        except TypeError:
+            raise ConfigError(f"seed must be an int, got {reprlib.repr(seed)}") from None
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise ConfigError(f"device: {reprlib.repr(device)} is not a torch device (use 'cpu', 'cuda' or 'cuda:N')") from None
+        self.num_threads = min(8, os.cpu_count() or 1) if num_threads is None else _positive("num_threads", num_threads)
+        self.flip, self.shuffle, self.drop_last = float(flip), shuffle, drop_last
+        self.rank, self.world_size = _ranks(rank, world_size)
+        self.dataset = Dataset(dataset.path if isinstance(dataset, Dataset) else dataset, check=True)
+        self.targets = self._check_fields(fields)
+        self.epoch = 0
+
+    def _check_fields(self, fields: Any) -> tuple[str, ...]:
+        schema = self.dataset.schema
+        have = ", ".join(schema.names)
+        coco = self.dataset.manifest.options.get("coco") if isinstance(self.dataset.manifest.options, dict) else None
+        self.mask_mode = coco.get("masks") if isinstance(coco, dict) else None
+        if isinstance(fields, str) or not isinstance(fields, (list, tuple)):
+            raise ConfigError(f"fields must be a tuple of field names such as ('image', 'boxes'), got {reprlib.repr(fields)}")
+        if "boxes" not in schema.names or schema["boxes"].kind != "ragged" or schema["boxes"].shape != (4,):
+            raise ConfigError(f"dataset {self.dataset.path} has no 'boxes' field of kind float32[][4] (it has {have}); pack it with --annotations")
+        for n in ("image", "boxes"):
+            if n not in fields:
+                raise ConfigError(f"fields must include {n!r} (got {tuple(fields)})")
+        names = [n for n in fields if n != "image"]
+        if "labels" in schema.names and "labels" not in names:
+            names.append("labels")
+        for n in names:
+            if not isinstance(n, str) or n not in schema.names:
+                raise ConfigError(f"fields: {reprlib.repr(n)} is not a field of this dataset (it has {have})")
+            if names.count(n) > 1:
+                raise ConfigError(f"fields: {n!r} is asked for twice")
+            if n == "mask":
+                if self.mask_mode not in ("instance", "semantic"):
+                    raise ConfigError(f"fields: 'mask' is not a mask this loader knows (the dataset's options.coco.masks is {self.mask_mode!r}); pack with --masks")
+                continue
+            if schema[n].kind not in _PER_BOX_KINDS + _PER_IMAGE_KINDS:
+                raise ConfigError(f"fields: {n!r} is a {schema[n].spec} field; a target holds per-box ragged fields and per-image ints only")
+        return tuple(names)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use epoch ``epoch``'s order and flips on the next iteration (as ``DistributedSampler.set_epoch``)."""
+        self.epoch = operator.index(epoch)
+
+    def __len__(self) -> int:
+        n = -(-len(self.dataset) // self.world_size)  # this rank's samples
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """This rank's sample indices of one epoch, in the order they are served."""
+        n = len(self.dataset)
+        full = np.arange(n) if not self.shuffle else np.random.default_rng([self.seed & 0xFFFFFFFF, epoch & 0xFFFFFFFF]).permutation(n)
+        total = -(-n // self.world_size) * self.world_size
+        full = np.concatenate([full, np.resize(full, total - n)]) if total > n else full
+        return full[self.rank :: self.world_size]
+
+    def __iter__(self) -> Iterator[tuple[Any, list[dict[str, torch.Tensor]]]]:
+        epoch = self.epoch
+        order = self.order(epoch)
+        flips = uniforms(self.seed, epoch, order, 1)[:, 0] < self.flip
+        starts = [s for s in range(0, len(order), self.batch_size) if not (self.drop_last and len(order) - s < self.batch_size)]
+        with ThreadPoolExecutor(self.num_threads, thread_name_prefix="fastload-detect") as pool, pil_settings():
+
+            def submit(start: int) -> list[Future]:
+                idx = order[start : start + self.batch_size].tolist()
+                return [pool.submit(self._sample, i, bool(f)) for i, f in zip(idx, flips[start : start + len(idx)])]
+
+            pending = submit(starts[0]) if starts else []
+            for k in range(len(starts)):
+                ahead = submit(starts[k + 1]) if k + 1 < len(starts) else []  # the next batch decodes while this one is used
+                samples = [f.result() for f in pending]
+                yield self._collate(samples)
+                pending = ahead
+        self.epoch = epoch + 1
+
+    def _sample(self, index: int, flip: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One sample decoded, resized and flipped, with its target (on the CPU)."""
+        from PIL import Image
+
+        values = self.dataset.fields(index, ("image", *self.targets))
+        where = self.dataset.where(index)
+        try:
+            with Image.open(io.BytesIO(values["image"])) as im:
+                rgb = im.convert("RGB")
+        except Exception as e:  # noqa: BLE001 - an image that passed packing but no longer decodes
+            raise CorruptDataError(f"{where}: the image does not decode ({type(e).__name__}: {e})") from None
+        size = (rgb.height, rgb.width)
+        new = resized_size(*size, min_size=self.min_size, max_size=self.max_size)
+        if new != size:
+            rgb = rgb.resize((new[1], new[0]), Image.BILINEAR)
+        if flip:
+            rgb = rgb.transpose(Image.FLIP_LEFT_RIGHT)
+        image = torch.from_numpy(np.asarray(rgb).copy()).permute(2, 0, 1)
+        boxes = values["boxes"]
+        target = {"boxes": torch.from_numpy(transform_boxes(boxes, size, new, flip))}
+        for n in self.targets:
+            if n == "mask":
+                target.update(self._mask(values[n], size, new, flip, boxes.shape[0], where))
+                continue
+            if n == "boxes":
+                continue
+            v = values[n]
+            if isinstance(v, np.ndarray):
+                if v.shape[0] != boxes.shape[0]:
+                    raise CorruptDataError(f"{where}: field {n!r} has {v.shape[0]} rows for {boxes.shape[0]} boxes")
+                target[n] = torch.from_numpy(v.astype(np.int64) if v.dtype.kind in "iu" else v)
+            else:
+                target[n] = torch.tensor(int(v), dtype=torch.int64)
+        return image, target
+
+    def _mask(self, png: bytes, size: tuple[int, int], new: tuple[int, int], flip: bool, n_boxes: int, where: str) -> dict[str, torch.Tensor]:
+        """The sample's label image resized (nearest neighbour) and flipped as its pixels: ``masks``
+        ``uint8 [N, H, W]`` (instance) or ``mask`` ``int64 [H, W]`` (semantic)."""
+        from PIL import Image
+
+        try:
+            with Image.open(io.BytesIO(png)) as im:
+                im.load()
+                lab = im
+        except Exception as e:  # noqa: BLE001
+            raise CorruptDataError(f"{where}: the mask does not decode ({type(e).__name__}: {e})") from None
+        if (lab.height, lab.width) != size:
+            raise CorruptDataError(f"{where}: the mask is {lab.width}x{lab.height}, the image {size[1]}x{size[0]}")
+        if new != size:
+            lab = lab.resize((new[1], new[0]), Image.NEAREST)
+        if flip:
+            lab = lab.transpose(Image.FLIP_LEFT_RIGHT)
+        arr = np.asarray(lab).astype(np.int64)
+        if self.mask_mode == "semantic":
+            return {"mask": torch.from_numpy(arr)}
+        masks = arr[None, :, :] == np.arange(1, n_boxes + 1)[:, None, None]
+        return {"masks": torch.from_numpy(masks.astype(np.uint8))}
+
+    def _collate(self, samples: list[tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> tuple[Any, list[dict[str, torch.Tensor]]]:
+        images = [im.to(self.device).float().div_(255) for im, _ in samples]
+        targets = [{k: v.to(self.device) for k, v in t.items()} for _, t in samples]
+        if len({tuple(im.shape) for im in images}) == 1:
+            return torch.stack(images), targets
+        return images, targets
+
+    def __repr__(self) -> str:
+        return (
+            f"DetectionLoader({os.fspath(self.dataset.path)!r}, {self.batch_size}, min_size={self.min_size}, "
+            f"max_size={self.max_size}, flip={self.flip}, shuffle={self.shuffle}, device='{self.device}')"
+        )
+
+
+#: FastLoader keywords a detection loader takes (the rest are refused, naming them).
+_TAKEN = ("fields", "shuffle", "drop_last", "min_size", "max_size", "flip", "seed", "device", "num_threads", "rank", "world_size")
+
+
+def _ranks(rank: Any, world_size: Any) -> tuple[int, int]:
+    """``(rank, world_size)``: both given, or neither (torch.distributed's, else 0 and 1)."""
+    if rank is None and world_size is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+    if rank is None or world_size is None:
+        raise ConfigError(f"give both rank and world_size or neither, got rank={rank!r}, world_size={world_size!r}")
+    ws = _positive("world_size", world_size)
+    try:
+        r = operator.index(rank) if not isinstance(rank, bool) else None
+    except TypeError:
+        r = None
+    if r is None or not 0 <= r < ws:
+        raise ConfigError(f"rank must be an int in [0, world_size={ws}), got {reprlib.repr(rank)}")
+    return r, ws
+
+
+def detection_loader(dataset: Any, batch_size: int = 1, shuffle: bool | None = None, *args: Any, **kwargs: Any) -> DetectionLoader:
+    """The :class:`DetectionLoader` that ``FastLoader(dataset, batch_size, fields=(..., "boxes"), ...)`` gives.
+
+    Takes FastLoader's ``shuffle``, ``drop_last``, ``seed``, ``device`` (None: CUDA if present)
+    and ``num_threads``, plus ``min_size``, ``max_size`` and ``flip``.
+
+    Raises:
+        ConfigError: a positional argument after ``shuffle``, or a FastLoader keyword the detection
+            path does not have yet (crops, normalisation, samplers: ``docs/detection.md``).
+    """
+    if args:
+        raise ConfigError("FastLoader(fields=(..., 'boxes')): give sampler, collate_fn and the rest by keyword (the detection path takes dataset, batch_size, shuffle)")
+    given = {k: v for k, v in kwargs.items() if v is not None and k not in _TAKEN}
+    if given:
+        raise ConfigError(
+            f"FastLoader(fields=(..., 'boxes')): {', '.join(f'{k}={reprlib.repr(v)}' for k, v in given.items())} "
+            f"not supported with boxes yet; the detection path takes {', '.join(_TAKEN)} (docs/detection.md)"
+        )
+    if isinstance(dataset, Dataset):
+        dataset = dataset.path
+    opts = {k: v for k, v in kwargs.items() if v is not None}
+    if opts.get("device") is None:
+        opts["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+    return DetectionLoader(dataset, batch_size, shuffle=False if shuffle is None else shuffle, **opts)
+
+
+__all__ = ["DetectionLoader", "detection_loader", "resized_size", "transform_boxes"]
