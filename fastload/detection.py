@@ -34,7 +34,8 @@ import numpy as np
 import torch
 
 from .augment import uniforms
-from .errors import ConfigError, CorruptDataError
+from .dlcompat import rank_and_world
+from .errors import ConfigError, CorruptDataError, as_int
 from .imaging import pil_settings
 from .reader import Dataset
 
@@ -61,17 +62,6 @@ def transform_boxes(boxes: np.ndarray, size: tuple[int, int], new_size: tuple[in
         out[:, [0, 2]] = nw - out[:, [2, 0]]
     return out
 
-
-def _positive(name: str, value: Any) -> int:
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        v = operator.index(value)
-    except TypeError:
-        raise ConfigError(f"{name} must be a positive int, got {reprlib.repr(value)}") from None
-    if v < 1:
-        raise ConfigError(f"{name} must be a positive int, got {v}")
-    return v
 
 
 class DetectionLoader:
@@ -119,9 +109,9 @@ class DetectionLoader:
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
-        self.batch_size = _positive("batch_size", batch_size)
-        self.min_size = _positive("min_size", min_size)
-        self.max_size = _positive("max_size", max_size)
+        self.batch_size = as_int("batch_size", batch_size, lo=1)
+        self.min_size = as_int("min_size", min_size, lo=1)
+        self.max_size = as_int("max_size", max_size, lo=1)
         if self.max_size < self.min_size:
             raise ConfigError(f"max_size={self.max_size} is below min_size={self.min_size}; the longer side caps the shorter")
         if isinstance(flip, bool) or not isinstance(flip, (int, float)) or not 0.0 <= flip <= 1.0:
@@ -137,9 +127,9 @@ class DetectionLoader:
             self.device = torch.device(device)
         except (RuntimeError, TypeError):
             raise ConfigError(f"device: {reprlib.repr(device)} is not a torch device (use 'cpu', 'cuda' or 'cuda:N')") from None
-        self.num_threads = min(8, os.cpu_count() or 1) if num_threads is None else _positive("num_threads", num_threads)
+        self.num_threads = min(8, os.cpu_count() or 1) if num_threads is None else as_int("num_threads", num_threads, lo=1)
         self.flip, self.shuffle, self.drop_last = float(flip), shuffle, drop_last
-        self.rank, self.world_size = _ranks(rank, world_size)
+        self.rank, self.world_size = rank_and_world(rank, world_size)
         self.dataset = Dataset(dataset.path if isinstance(dataset, Dataset) else dataset, check=True)
         self.targets = self._check_fields(fields)
         self.epoch = 0
@@ -282,24 +272,6 @@ class DetectionLoader:
 #: FastLoader keywords a detection loader takes (the rest are refused, naming them).
 _TAKEN = ("fields", "shuffle", "drop_last", "min_size", "max_size", "flip", "seed", "device", "num_threads", "rank", "world_size")
 
-
-def _ranks(rank: Any, world_size: Any) -> tuple[int, int]:
-    """``(rank, world_size)``: both given, or neither (torch.distributed's, else 0 and 1)."""
-    if rank is None and world_size is None:
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-        return 0, 1
-    if rank is None or world_size is None:
-        raise ConfigError(f"give both rank and world_size or neither, got rank={rank!r}, world_size={world_size!r}")
-    ws = _positive("world_size", world_size)
-    try:
-        r = operator.index(rank) if not isinstance(rank, bool) else None
-    except TypeError:
-        r = None
-    if r is None or not 0 <= r < ws:
-        raise ConfigError(f"rank must be an int in [0, world_size={ws}), got {reprlib.repr(rank)}")
-    return r, ws
 
 
 def detection_loader(dataset: Any, batch_size: int = 1, shuffle: bool | None = None, *args: Any, **kwargs: Any) -> DetectionLoader:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, Sampler
 
-from .errors import ConfigError, printable
+from .errors import ConfigError, as_int, printable
 from .sampler import Batch, check_batch
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -327,3 +327,19 @@ __all__ = [
     "IGNORED_DEFAULTS", "note_ignored", "check_collate_fn", "RankSampler", "LoaderBatchSampler",
     "SamplerPlan", "user_batch_sampler", "stateful_sampler", "replayable_sampler",
 ]  # fmt: skip
+
+def rank_and_world(rank: Any, world_size: Any) -> tuple[int, int]:
+    """``(rank, world_size)``: both given (checked), or neither (torch.distributed's group, else 0 and 1)."""
+    if rank is None and world_size is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+    if rank is None or world_size is None:
+        raise ConfigError(f"give both rank and world_size or neither, got rank={rank!r}, world_size={world_size!r}")
+    ws = as_int("world_size", world_size, lo=1)
+    try:
+        r = as_int("rank", rank, lo=0, hi=ws - 1)
+    except ConfigError:
+        raise ConfigError(f"rank must be an int in [0, world_size={ws}), got {rank!r}") from None
+    return r, ws

@@ -10,14 +10,13 @@ one padded tensor (``batch.lengths[name]`` holds each sample's length).
 
 from __future__ import annotations
 
-import operator
 import reprlib
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from .errors import ConfigError
+from .errors import ConfigError, as_int
 from .fields import Field, Schema
 
 
@@ -111,11 +110,11 @@ class FieldRequest:
             for n, v in pad_to.items():
                 if n not in ragged:
                     raise ConfigError(f"pad_to: {reprlib.repr(n)} is not a ragged field asked for in fields= (those are: {', '.join(ragged) or 'none'})")
-                self.pad_to[n] = _length(f"pad_to[{n!r}]", v)
+                self.pad_to[n] = as_int(f"pad_to[{n!r}]", v, lo=1, hint=" (rows a padded ragged field has)")
         elif pad_to is not None:
             if not ragged:
                 raise ConfigError(f"pad_to={reprlib.repr(pad_to)} is given but fields= asks for no ragged field")
-            n_rows = _length("pad_to", pad_to)
+            n_rows = as_int("pad_to", pad_to, lo=1, hint=" (rows a padded ragged field has)")
             self.pad_to = {n: n_rows for n in ragged}
         if isinstance(pad_value, bool) or not isinstance(pad_value, (int, float)):
             raise ConfigError(f"pad_value must be a number, got {reprlib.repr(pad_value)}")
@@ -167,17 +166,6 @@ def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
         return t
     return t.pin_memory().to(device, non_blocking=True)
 
-
-def _length(name: str, v: Any) -> int:
-    try:
-        if isinstance(v, bool):
-            raise TypeError
-        n = operator.index(v)
-    except TypeError:
-        raise ConfigError(f"{name} must be a positive int (rows a padded ragged field has), got {reprlib.repr(v)}") from None
-    if n < 1:
-        raise ConfigError(f"{name} must be a positive int (rows a padded ragged field has), got {n}")
-    return n
 
 
 __all__ = ["FieldBatch", "FieldRequest"]

@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import default_collate
 
 from .core import REBOUND, RESUMED, RETRANSFORMED, Core, register_exit_hook
-from .dlcompat import DetachedEpoch, LoaderBatchSampler, RankSampler, SamplerPlan, check_collate_fn, note_ignored, user_batch_sampler
+from .dlcompat import DetachedEpoch, LoaderBatchSampler, RankSampler, SamplerPlan, check_collate_fn, note_ignored, rank_and_world, user_batch_sampler
 from .epochs import EpochIterator, EpochRun, start_epoch
 from .errors import ConfigError, LoaderError, as_int
 from .pipeline import import_dali
@@ -93,21 +93,6 @@ def _resolve_device(device: Any) -> torch.device:
         raise ConfigError(f"device={device!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
     return torch.device("cuda", index)
 
-
-def _dist_defaults(rank: Any, world_size: Any) -> tuple[int, int]:
-    if rank is None and world_size is None:
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-        return 0, 1
-    if rank is None or world_size is None:
-        raise ConfigError(f"give both rank and world_size or neither, got rank={rank!r}, world_size={world_size!r}")
-    ws = as_int("world_size", world_size, lo=1)
-    try:
-        r = as_int("rank", rank, lo=0, hi=ws - 1)
-    except ConfigError:
-        raise ConfigError(f"rank must be an int in [0, world_size={ws}), got {rank!r}") from None
-    return r, ws
 
 
 def _given(name: str, value: Any) -> bool:
@@ -461,7 +446,7 @@ class FastLoader:
         )
         order, block_size, window = _check_order(order, block_size, window, user_batches)
         self.device = _resolve_device(device)
-        self.rank, self.world_size = _dist_defaults(rank, world_size)
+        self.rank, self.world_size = rank_and_world(rank, world_size)
         import_dali()  # DependencyError with an install hint, before any work
         register_exit_hook()  # after DALI's own (see fastload.core)
 
