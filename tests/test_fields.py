@@ -391,3 +391,17 @@ def test_a_ragged_count_past_the_block_allocates_nothing():
     forged = _block(struct.pack("<I", 2**32 - 1) + b"\x00" * 16)  # 4 billion rows of 8 KiB claimed
     with pytest.raises(CorruptDataError, match="ends inside field 't'"):
         decode_block(f, forged)
+
+
+@pytest.mark.parametrize(
+    "dataset, classes, message",
+    [
+        (Captioned(6), "cat", "classes: expected a list of class names, got str"),  # not the classes 'c', 'a', 't'
+        (Captioned(6), [], "classes: the list of class names is empty"),
+        (type("Unsized", (), {"__getitem__": lambda self, i: Captioned(6)[i]})(), None, "has no len()"),
+    ],
+)
+def test_dict_datasets_check_their_length_and_classes_as_tuple_datasets_do(tmp_path, dataset, classes, message):
+    with pytest.raises(ConfigError, match=message):
+        fastload.pack_dataset(dataset, tmp_path / "out", classes=classes, fields={"caption": "str"}, workers=1, progress=False)
+    assert not (tmp_path / "out").exists()

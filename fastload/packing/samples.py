@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import ConfigError, printable, short_message
 from ..fields import CLASSIC, IMAGE, LABEL, Field, FieldStats, Schema, encode_block, infer_field, parse_spec
-from .sources import MAX_CLASSES, Source, Task, image_task, stored_name
+from .sources import MAX_CLASSES, Source, Task, class_names, image_task, map_style_len
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +121,7 @@ class DictDatasetSource(FieldSource):
     """
 
     def __init__(self, dataset: Any, classes: Sequence[str] | None = None, fields: Mapping[str, Any] | None = None) -> None:
-        n = len(dataset)
-        if n <= 0:
-            raise ConfigError(f"dataset: {type(dataset).__name__} is empty (len 0); nothing to pack")
+        n = map_style_len(dataset)
         if fields is not None and not isinstance(fields, Mapping):
             raise ConfigError(f"fields: expected a dict of field name -> kind (such as {{'tokens': 'int32[]'}}), got {type(fields).__name__}")
         first = None
@@ -143,12 +141,7 @@ class DictDatasetSource(FieldSource):
             raise ConfigError(f"dataset[{i0}]: no 'image' key (keys: {', '.join(map(repr, item0))}); every sample has an image")
         self.schema = schema_of(item0, fields, where=f"dataset[{i0}]")
         super().__init__()
-        if classes is None:
-            classes = getattr(dataset, "classes", None)
-        if classes is not None:
-            classes = [stored_name(str(c)) for c in classes]
-            if not classes or len(classes) > MAX_CLASSES:
-                raise ConfigError(f"classes: expected 1..{MAX_CLASSES} class names, got {len(classes)}")
+        classes = class_names(dataset, classes)
         if classes is not None and not self.schema.has_label:
             raise ConfigError("classes: given, but the samples have no 'label'")
         self.dataset, self.n, self.kind = dataset, n, "dataset"

@@ -554,30 +554,44 @@ def _as_label(value: Any, i: int) -> int:
     return v
 
 
+
+def map_style_len(dataset: Any) -> int:
+    """``len(dataset)`` of a map-style dataset to pack; a ConfigError for no len(), no [i], or empty."""
+    try:
+        n = len(dataset)
+    except TypeError:
+        raise ConfigError(
+            f"dataset: {type(dataset).__name__} has no len(); pass a map-style dataset (len() and [i])"
+        ) from None
+    if not hasattr(dataset, "__getitem__"):
+        raise ConfigError(f"dataset: {type(dataset).__name__} has no [i]; pass a map-style dataset")
+    if n <= 0:
+        raise ConfigError(f"dataset: {type(dataset).__name__} is empty (len 0); nothing to pack")
+    return n
+
+
+def class_names(dataset: Any, classes: Sequence[str] | None) -> list[str] | None:
+    """The class names to store: ``classes``, else ``dataset.classes``, else None; checked."""
+    if classes is None:
+        classes = getattr(dataset, "classes", None)
+    if classes is None:
+        return None
+    if isinstance(classes, (str, bytes)) or not hasattr(classes, "__iter__"):
+        raise ConfigError(f"classes: expected a list of class names, got {type(classes).__name__}")
+    names = [stored_name(str(c)) for c in itertools.islice(classes, MAX_CLASSES + 1)]
+    if not names:
+        raise ConfigError("classes: the list of class names is empty")
+    if len(names) > MAX_CLASSES:
+        raise ConfigError(f"classes: more than {MAX_CLASSES} class names; at most {MAX_CLASSES} (MAX_CLASSES) are supported")
+    return names
+
+
 class DatasetSource(Source):
     """A map-style dataset of ``(image, label)`` items, fetched in order."""
 
     def __init__(self, dataset: Any, classes: Sequence[str] | None = None) -> None:
-        try:
-            n = len(dataset)
-        except TypeError:
-            raise ConfigError(
-                f"dataset: {type(dataset).__name__} has no len(); pass a map-style dataset (len() and [i])"
-            ) from None
-        if not hasattr(dataset, "__getitem__"):
-            raise ConfigError(f"dataset: {type(dataset).__name__} has no [i]; pass a map-style dataset")
-        if n <= 0:
-            raise ConfigError(f"dataset: {type(dataset).__name__} is empty (len 0); nothing to pack")
-        if classes is None:
-            classes = getattr(dataset, "classes", None)
-        if classes is not None:
-            if isinstance(classes, (str, bytes)) or not hasattr(classes, "__iter__"):
-                raise ConfigError(f"classes: expected a list of class names, got {type(classes).__name__}")
-            classes = [stored_name(str(c)) for c in itertools.islice(classes, MAX_CLASSES + 1)]
-            if not classes:
-                raise ConfigError("classes: the list of class names is empty")
-            if len(classes) > MAX_CLASSES:
-                raise ConfigError(f"classes: more than {MAX_CLASSES} class names; at most {MAX_CLASSES} (MAX_CLASSES) are supported")
+        n = map_style_len(dataset)
+        classes = class_names(dataset, classes)
         self.dataset = dataset
         self.n = n
         self.kind = "dataset"
