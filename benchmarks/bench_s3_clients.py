@@ -186,7 +186,7 @@ def write_table(args: argparse.Namespace, cells: dict) -> None:
              f"- {args.repeats} repeats, clients taking turns, each in its own process; median (min-max).",
              "- range: 100 KB GETs at random offsets of a 64 MB object; whole: 16 MB objects.",
              "- GIL thread: a Python thread running 1 ms of Python then sleeping 1 ms, like a training loop.",
-             "- The machine is shared with other jobs: numbers are noisy.", "",
+             f"- 1-minute load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs.", "",
              "| client | kind | in flight | GIL thread | requests/s | MB/s |", "|---|---|---:|---|---:|---:|"]
     for key in sorted(cells, key=lambda k: (k[1], k[2], k[3], k[0])):
         client, kind, inflight, gil = key
