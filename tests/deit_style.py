@@ -51,6 +51,12 @@ def run(data, *, loader: str, epochs=3, batch_size=6, input_size=40, mixup=0.8, 
     sampler_train = torch.utils.data.RandomSampler(dataset_train)
     sampler_val = torch.utils.data.SequentialSampler(dataset_val)
     extra = {"progress": False, "cache_dir": f"{data}/.cache", "device": "cpu"} if loader == "fastload" else {}
+    if loader != "fastload":
+        # The reference's workers start from a fork server, not by forking the test process: after a
+        # full suite's earlier tests (threads of DALI, pyarrow, ...) a forked worker running timm's
+        # RandAugment was killed by SIGSEGV in two clean-checkout runs. What is compared (batches,
+        # samples, shapes, the evaluation count, a falling loss) does not depend on how workers start.
+        extra = {"multiprocessing_context": "forkserver", "persistent_workers": True}
     data_loader_train = Loader(dataset_train, sampler=sampler_train, batch_size=batch_size, num_workers=2,
                                pin_memory=True, drop_last=True, **extra)  # fmt: skip
     data_loader_val = Loader(dataset_val, sampler=sampler_val, batch_size=int(1.5 * batch_size), num_workers=2,
