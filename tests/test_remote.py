@@ -18,6 +18,7 @@ import pytest
 from PIL import Image
 
 import fastload
+from fastload.cli import main
 from fastload.errors import ConfigError, CorruptDataError, FormatError, PackError, RemoteError
 from fastload.remote import is_url, parse_url
 
@@ -83,7 +84,8 @@ def packed(s3, images, tmp_path_factory):
 # ------------------------------------------------------------------ URLs
 def test_any_string_with_a_scheme_is_a_url_never_a_local_path(tmp_path, images, monkeypatch):
     assert is_url("s3://b/p") and is_url("gs://b") and is_url("https://host/x") and is_url("foo://x")
-    assert not is_url("s3:/b/p") and not is_url("data/s3") and not is_url(tmp_path) and not is_url("C:\\x")
+    assert is_url("s3:/b/p") and is_url("S3:b") and is_url("gs:/b")  # a store's scheme, slashes mistyped: refused, never a folder
+    assert not is_url("data/s3") and not is_url(tmp_path) and not is_url("C:\\x") and not is_url("C:/x") and not is_url("s3")
     u = parse_url("s3://bucket/a/b/")
     assert (u.kind, u.bucket, u.prefix, u.key("manifest.json")) == ("s3", "bucket", "a/b", "a/b/manifest.json")
     monkeypatch.chdir(tmp_path)
@@ -91,7 +93,10 @@ def test_any_string_with_a_scheme_is_a_url_never_a_local_path(tmp_path, images, 
         fastload.pack(images, "foo://bucket/x", progress=False)
     with pytest.raises(ConfigError, match="no bucket"):
         fastload.Dataset("s3:///x")
-    assert not any(tmp_path.iterdir())  # nothing written locally (the old code made a folder "foo:")
+    with pytest.raises(ConfigError, match=r"s3:/bucket/x: not a URL: write s3://bucket/prefix \(two slashes\)"):
+        fastload.pack(images, "s3:/bucket/x", progress=False)
+    assert main(["pack", str(images), "gs:bucket"]) == 2
+    assert not any(tmp_path.iterdir())  # nothing written locally (the old code made a folder "foo:", then "s3:")
 
 
 # ------------------------------------------------------------------ pack to a bucket, read back

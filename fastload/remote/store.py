@@ -162,6 +162,12 @@ class RemoteStore:
             except ex.BaseError as e:
                 err = e
             msg = _short(err)
+            if "169.254.169.254" in str(err):  # no credentials anywhere: the client asked the instance metadata
+                raise RemoteError(
+                    f"{where}: no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
+                    "or pass storage_options={'access_key_id': ..., 'secret_access_key': ...}; for a public bucket "
+                    "storage_options={'skip_signature': True}"
+                ) from None
             if _CLIENT_ERROR.search(msg):  # 4xx but 408/429: asking again will not help
                 raise RemoteError(f"{where}: {what} refused by the server: {msg}") from None
             elapsed = time.monotonic() - start

@@ -16,11 +16,17 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 SCHEMES = {"s3": "s3", "s3a": "s3", "gs": "gs", "gcs": "gs", "az": "az", "azure": "az", "abfs": "az", "http": "http", "https": "http"}
 
 
+#: ``s3:/bucket``, ``s3:bucket``: an object-store scheme with its slashes mistyped (a URL, refused by
+#: :func:`parse_url`, never a local directory named ``s3:``)
+_MISTYPED = re.compile(r"^(s3|s3a|gs|gcs|az|abfs|abfss|https?):(?!//)", re.IGNORECASE)
+
+
 def is_url(value: Any) -> bool:
-    """True when ``value`` is a string (or bytes) that starts with ``scheme://``."""
+    """True when ``value`` is a string (or bytes) that starts with ``scheme://``, or with an object
+    store's scheme whose slashes are mistyped (``s3:/bucket``)."""
     if isinstance(value, bytes):
         value = os.fsdecode(value)
-    return isinstance(value, str) and _SCHEME.match(value) is not None
+    return isinstance(value, str) and (_SCHEME.match(value) is not None or _MISTYPED.match(value) is not None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +75,9 @@ def parse_url(value: Any) -> RemoteURL:
     text = os.fsdecode(value) if isinstance(value, bytes) else value
     m = _SCHEME.match(text) if isinstance(text, str) else None
     if m is None:
+        bad = _MISTYPED.match(text) if isinstance(text, str) else None
+        if bad is not None:
+            raise ConfigError(f"{printable(text)}: not a URL: write {bad.group(1).lower()}://bucket/prefix (two slashes)")
         raise ConfigError(f"{printable(str(value))}: not a URL (expected scheme://bucket/prefix)")
     scheme = m.group(1).lower()
     kind = SCHEMES.get(scheme)
