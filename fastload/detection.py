@@ -34,7 +34,7 @@ import operator
 import os
 import reprlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -147,6 +147,9 @@ class DetectionLoader:
             their labels, iscrowd and masks (default: with a crop). False keeps every box and adds
             ``valid`` (bool ``[N]``, what sanitizing would keep) to the target.
         min_box_size: the sanitizing's ``min_size`` in output pixels (``>= 1``, as torchvision's).
+        backend: ``"pil"`` (decode and transform in threads) or ``"dali"``: the window decoded and
+            resized by a DALI graph (:mod:`fastload.detdali`; ``mixed`` decoding on CUDA), boxes
+            and masks moved on the host by the same numbers.
         seed: seeds the order, the crops and the flips.
         device: where the tensors go (``"cpu"``, ``"cuda"``, ``"cuda:N"``).
         num_threads: decoding threads (default: the cores, at most 8).
@@ -179,6 +182,7 @@ class DetectionLoader:
         iou_trials: int | None = None,
         sanitize: bool | None = None,
         min_box_size: float = 1.0,
+        backend: str = "pil",
         seed: int = 0,
         device: str | torch.device = "cpu",
         num_threads: int | None = None,
@@ -217,6 +221,15 @@ class DetectionLoader:
         self.rank, self.world_size = rank_and_world(rank, world_size)
         self.dataset = Dataset(dataset.path if isinstance(dataset, Dataset) else dataset, check=True)
         self.targets = self._check_fields(fields)
+        if backend not in ("pil", "dali"):
+            raise ConfigError(f"backend must be 'pil' or 'dali', got {reprlib.repr(backend)}")
+        self.backend = backend
+        self._dali = None
+        if backend == "dali":
+            from .detdali import DaliImages
+
+            m = self.dataset.manifest
+            self._dali = DaliImages(batch_size=self.batch_size, num_threads=self.num_threads, device=self.device, stats=m.stats, max_pixels=m.max_pixels)
         self.epoch = 0
         self._done = 0  # batches of self.epoch served (or, before an iteration, to skip: load_state_dict)
 
@@ -302,17 +315,22 @@ class DetectionLoader:
         order = self.order(epoch)
         flips = uniforms(self.seed, epoch, order, 1)[:, 0] < self.flip
         starts = [s for s in range(0, len(order), self.batch_size) if not (self.drop_last and len(order) - s < self.batch_size)]
-        with ThreadPoolExecutor(self.num_threads, thread_name_prefix="fastload-detect") as pool, pil_settings():
+        with ThreadPoolExecutor(self.num_threads, thread_name_prefix="fastload-detect") as pool, ThreadPoolExecutor(
+            1, thread_name_prefix="fastload-detect-graph"
+        ) as graph, pil_settings():
 
-            def submit(start: int) -> list[Future]:
+            def submit(start: int) -> Callable[[], list]:
                 idx = order[start : start + self.batch_size].tolist()
-                return [pool.submit(self._sample, i, epoch, bool(f)) for i, f in zip(idx, flips[start : start + len(idx)])]
+                fl = [bool(f) for f in flips[start : start + len(idx)]]
+                if self._dali is not None:
+                    return graph.submit(self._dali_batch, pool, idx, fl, epoch).result
+                futs: list[Future] = [pool.submit(self._sample, i, epoch, f) for i, f in zip(idx, fl)]
+                return lambda: [f.result() for f in futs]
 
-            pending = submit(starts[skip]) if skip < len(starts) else []
+            pending = submit(starts[skip]) if skip < len(starts) else None
             for k in range(skip, len(starts)):
-                ahead = submit(starts[k + 1]) if k + 1 < len(starts) else []  # the next batch decodes while this one is used
-                samples = [f.result() for f in pending]
-                batch = self._collate(samples)
+                ahead = submit(starts[k + 1]) if k + 1 < len(starts) else None  # the next batch decodes while this one is used
+                batch = self._collate(pending())
                 self._done = k + 1
                 yield batch
                 pending = ahead
@@ -333,6 +351,29 @@ class DetectionLoader:
         np.clip(out[:, 1::2], 0, new[0], out=out[:, 1::2])
         ok = sanitize_mask(out, new, min_size=self.min_box_size)
         return Plan(win, new, flip, out, ok if self.sanitize else None, None if self.sanitize else ok)
+
+    def _read(self, index: int, epoch: int, flip: bool) -> tuple[dict[str, Any], Plan, tuple[int, int], str]:
+        """Sample ``index``'s field values and plan, its size taken from the record header (DALI path)."""
+        values = self.dataset.fields(index, ("image", *self.targets))
+        header = self.dataset.header(index)
+        size = (int(header.height), int(header.width))
+        return values, self.plan(values["boxes"], size, index, epoch, flip), size, self.dataset.where(index)
+
+    def _dali_batch(self, pool: ThreadPoolExecutor, idx: list[int], flips: list[bool], epoch: int) -> list[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+        """One batch's images through the DALI graph and its targets on the host threads."""
+        items = list(pool.map(self._read, idx, [epoch] * len(idx), flips))
+        wins = []
+        for _, plan, (h, w), _ in items:
+            win = plan.window
+            wins.append((0, 0, w, h) if win is None else (win.left, win.top, win.width, win.height))
+        payloads = [np.frombuffer(v["image"], np.uint8) for v, _, _, _ in items]
+        try:
+            images = self._dali.run(payloads, wins, [p.new for _, p, _, _ in items], flips)
+        except RuntimeError as e:
+            where = "; ".join(w for _, _, _, w in items)
+            raise CorruptDataError(f"a batch did not decode through DALI ({where}): {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        targets = list(pool.map(lambda it: self.target(it[0], it[1], it[2], it[3]), items))
+        return list(zip(images, targets))
 
     def _sample(self, index: int, epoch: int, flip: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One sample decoded, cropped, resized and flipped, with its target (on the CPU)."""
@@ -411,7 +452,7 @@ class DetectionLoader:
 
 #: FastLoader keywords a detection loader takes (the rest are refused, naming them).
 _TAKEN = ("fields", "shuffle", "drop_last", "min_size", "max_size", "size", "flip", "crop", "scale", "ratio", "iou_options",
-          "iou_trials", "sanitize", "min_box_size", "seed", "device", "num_threads", "rank", "world_size")
+          "iou_trials", "sanitize", "min_box_size", "backend", "seed", "device", "num_threads", "rank", "world_size")
 
 
 
