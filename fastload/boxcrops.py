@@ -35,8 +35,9 @@ IOU_TRIALS = 40
 #: ``min/max_aspect_ratio``; ``RandomResizedCrop``'s ``scale`` and ``ratio``.
 DEFAULTS = {"iou": ((0.3, 1.0), (0.5, 2.0)), "resized": ((0.08, 1.0), (3 / 4, 4 / 3))}
 #: Rounds of option draws before an IoU crop gives up and leaves the image whole. torchvision
-#: loops until a draw succeeds; a round fails only when no trial passes, and the ``1.0`` option
-#: ends the loop with probability 1/7 a round, so 64 rounds change the law by less than 1e-4.
+#: loops until a draw succeeds; a round fails only when no trial passes, and with the default
+#: options the ``1.0`` option ends the loop with probability 1/7 a round, so 64 rounds change the
+#: law by less than 1e-4 ((6/7)^64 = 5e-5).
 MAX_ROUNDS = 64
 #: Mixed into the seed of the crop draws, independent of the flip draws (``uniforms(seed, ...)``).
 IOU_SALT = 0x243F6A8885A308D3
@@ -135,10 +136,8 @@ def iou_window(spec: CropSpec, boxes: np.ndarray, height: int, width: int, *, se
     for r in range(MAX_ROUNDS):
         u = uniforms((seed ^ IOU_SALT) + r * _ROUND, epoch, np.array([index]), 1 + 4 * t)[0]
         min_iou = spec.options[min(int(u[0] * len(spec.options)), len(spec.options) - 1)]
-        if min_iou >= 1.0:
-            return None
-        if not len(boxes):
-            continue  # no box can hold its centre in a window: torchvision draws again, until "no crop"
+        if min_iou >= 1.0 or not len(boxes):
+            return None  # without boxes no trial passes: torchvision draws options until "no crop"
         sw, sh = u[1 : 1 + t], u[1 + t : 1 + 2 * t]
         new_w = np.floor(width * (s0 + (s1 - s0) * sw))
         new_h = np.floor(height * (s0 + (s1 - s0) * sh))

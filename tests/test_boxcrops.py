@@ -24,6 +24,7 @@ import torch
 
 import fastload
 from fastload import boxcrops
+from fastload.augment import uniforms
 from fastload.detection import DetectionLoader
 from fastload.errors import ConfigError
 
@@ -328,3 +329,34 @@ def test_crop_arguments_are_checked_naming_the_value(packed):
         DetectionLoader(out, 1, size=(1, 2, 3))
     loader = fastload.FastLoader(out, 2, fields=("image", "boxes"), crop="iou", scale=(0.5, 1.0), size=40, device="cpu")
     assert isinstance(loader, DetectionLoader) and loader.crop.scale == (0.5, 1.0) and loader.size == (40, 40)
+
+
+@pytest.mark.parametrize("kind", ["iou", "resized"])
+def test_semantic_mask_is_cut_resized_and_flipped_with_the_image(tmp_path, kind):
+    """Kills: a semantic mask left uncut by the window, or not flipped with the image."""
+    import io
+
+    from PIL import Image
+
+    img_dir, ann, _ = write_coco(tmp_path / "src")
+    out = tmp_path / "packed"
+    fastload.pack_coco(img_dir, out, annotations=ann, masks="semantic", workers=1, progress=False)
+    ds = fastload.Dataset(out)
+    loader = DetectionLoader(out, 2, fields=("image", "boxes", "mask", "image_id"), crop=kind, flip=0.5, min_size=64, max_size=100, seed=8)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        flips = uniforms(8, epoch, np.arange(len(IMAGES)), 1)[:, 0] < 0.5  # the flip's draw, as documented
+        for _, targets in loader:
+            for t in targets:
+                n = (int(t["image_id"]) - 100) // 7
+                (h, w), raw = IMAGES[n]
+                lab = np.asarray(Image.open(io.BytesIO(ds.fields(n, ["mask"])["mask"]))).astype(np.int64)
+                win = boxcrops.window(loader.crop, np.array([[x, y, x + bw, y + bh] for x, y, bw, bh, _, _ in raw], np.float32).reshape(-1, 4),
+                                      h, w, seed=8, epoch=epoch, index=n)  # fmt: skip
+                if win is not None:
+                    lab = lab[win.top : win.top + win.height, win.left : win.left + win.width]
+                want, tie = _nearest(lab, tuple(t["mask"].shape))
+                if flips[n]:
+                    want, tie = want[:, ::-1], tie[:, ::-1]
+                got = t["mask"].numpy()
+                assert not ((got != want) & (got != tie)).any(), (n, epoch)
