@@ -3,6 +3,9 @@
 Usage::
 
     python benchmarks/bench_detection.py --images 300 --repeats 3 --out benchmarks/results/detection
+    python benchmarks/bench_detection.py --crop iou       # + RandomIoUCrop and SanitizeBoundingBoxes
+    python benchmarks/bench_detection.py --crop resized   # RandomResizedCrop(--size) with the boxes
+    python benchmarks/bench_detection.py --crop iou --backend dali   # fastload's DALI graph (CPU here)
 
 Makes a COCO-shaped sample (the built-in photos of ``fastload.make_sample``, 1-6 random
 boxes per image drawn by a seeded generator, three categories), packs it with
@@ -15,6 +18,13 @@ float 0..1 CHW images and XYXY float boxes. The DataLoader is torchvision's
 RandomHorizontalFlip, Resize(min_size, max_size=max_size), ToDtype(float32, scale=True)])``,
 ``num_workers`` = the cores, batches as lists (``collate_fn=lambda b: tuple(zip(*b))``,
 as torchvision's detection references do).
+
+``--crop iou``: fastload ``crop="iou"`` against ``v2.RandomIoUCrop()`` before the flip and
+the resize, and ``v2.SanitizeBoundingBoxes()`` after (what fastload's sanitizing does).
+``--crop resized``: fastload ``crop="resized", size=--size`` against
+``v2.RandomResizedCrop(--size)`` (window, boxes clipped, resized to a square) and the
+sanitizing; the aspect-keeping resize is then not done by either. The load average
+(``/proc/loadavg``) before and after the run is written beside the numbers.
 """
 
 from __future__ import annotations
@@ -66,14 +76,23 @@ def run_one(kind: str, args: argparse.Namespace) -> float:
     if kind == "fastload":
         import fastload
 
+        crop = {} if args.crop == "none" else {"crop": args.crop}
+        if args.crop == "resized":
+            crop["size"] = args.size
         loader = fastload.FastLoader(args.packed, args.batch_size, fields=("image", "boxes"), shuffle=True, flip=0.5,
-                                     min_size=args.min_size, max_size=args.max_size, device="cpu", num_threads=os.cpu_count())  # fmt: skip
+                                     min_size=args.min_size, max_size=args.max_size, device="cpu", num_threads=os.cpu_count(),
+                                     backend=args.backend, **crop)  # fmt: skip
     else:
         from torchvision import datasets
         from torchvision.transforms import v2
 
-        tf = v2.Compose([v2.ToImage(), v2.RandomHorizontalFlip(0.5), v2.Resize(args.min_size, max_size=args.max_size),
-                         v2.ToDtype(torch.float32, scale=True)])  # fmt: skip
+        if args.crop == "resized":
+            steps = [v2.RandomResizedCrop(args.size), v2.RandomHorizontalFlip(0.5), v2.SanitizeBoundingBoxes()]
+        else:
+            steps = [v2.RandomIoUCrop()] if args.crop == "iou" else []
+            steps += [v2.RandomHorizontalFlip(0.5), v2.Resize(args.min_size, max_size=args.max_size)]
+            steps += [v2.SanitizeBoundingBoxes()] if args.crop == "iou" else []
+        tf = v2.Compose([v2.ToImage(), *steps, v2.ToDtype(torch.float32, scale=True)])
         ds = datasets.wrap_dataset_for_transforms_v2(datasets.CocoDetection(args.photos, args.annotations, transforms=tf))
         loader = torch.utils.data.DataLoader(ds, args.batch_size, shuffle=True, num_workers=os.cpu_count(),
                                              collate_fn=_collate, persistent_workers=False)  # fmt: skip
@@ -98,6 +117,9 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--min-size", type=int, default=320)
     p.add_argument("--max-size", type=int, default=512)
+    p.add_argument("--crop", choices=("none", "iou", "resized"), default="none")
+    p.add_argument("--size", type=int, default=320, help="the square output of --crop resized")
+    p.add_argument("--backend", choices=("pil", "dali"), default="pil", help="fastload's decoding path")
     p.add_argument("--work", default="/tmp/fastload-bench-detection")
     p.add_argument("--out", default="benchmarks/results/detection")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
@@ -117,11 +139,13 @@ def main() -> int:
     if not packed.exists():
         photos, ann = make_coco(work, args.images, seed=0)
         fastload.pack_coco(photos, packed, annotations=ann, progress=False)
+    load_before = Path("/proc/loadavg").read_text().split()[:3]
     res: dict[str, list[float]] = {"fastload": [], "torchvision": []}
     for r in range(args.repeats):
         for kind in res:
             cmd = [sys.executable, __file__, "--one", kind, "--packed", str(packed), "--photos", str(photos), "--annotations", str(ann),
-                   "--batch-size", str(args.batch_size), "--min-size", str(args.min_size), "--max-size", str(args.max_size)]  # fmt: skip
+                   "--batch-size", str(args.batch_size), "--min-size", str(args.min_size), "--max-size", str(args.max_size),
+                   "--crop", args.crop, "--size", str(args.size), "--backend", args.backend]  # fmt: skip
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             res[kind].append(json.loads(out.strip().splitlines()[-1])["ips"])
             log.info("repeat %d %s: %.1f images/s", r, kind, res[kind][-1])
@@ -130,11 +154,15 @@ def main() -> int:
     model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), platform.processor())
     report = {"images": args.images, "batch_size": args.batch_size, "min_size": args.min_size, "max_size": args.max_size,
               "repeats": res, "median_images_per_s": med, "ratio_fastload_over_torchvision": med["fastload"] / med["torchvision"],
-              "nproc": os.cpu_count(), "cpu": model}  # fmt: skip
+              "crop": args.crop, "size": args.size if args.crop == "resized" else None, "backend": args.backend,
+              "nproc": os.cpu_count(), "cpu": model, "loadavg_before": load_before,
+              "loadavg_after": Path("/proc/loadavg").read_text().split()[:3]}  # fmt: skip
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
-    (outdir / "detection-cpu.json").write_text(json.dumps(report, indent=1) + "\n")
-    log.info("medians: %s; fastload / torchvision = %.2fx", med, report["ratio_fastload_over_torchvision"])
+    name = "detection-cpu" + ("" if args.crop == "none" else f"-{args.crop}") + ("" if args.backend == "pil" else f"-{args.backend}")
+    (outdir / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    log.info("medians: %s; fastload / torchvision = %.2fx; load %s -> %s", med, report["ratio_fastload_over_torchvision"],
+             " ".join(load_before), " ".join(report["loadavg_after"]))
     return 0
 
 

@@ -3,7 +3,8 @@
 ``external_source`` (encoded bytes, crop boxes, flips) -> decode (only the crop
 window on the training path: ROI decoding) -> resize -> crop-mirror-normalize.
 Payloads go in as one ``TensorListCPU`` (:func:`encoded_batch`); a CPU output comes back
-as NumPy views of DALI's buffer (:func:`cpu_samples`).
+as NumPy views of DALI's buffer (:func:`cpu_samples`). Detection batches have their own small
+graph (:func:`build_detection_pipeline`: window decode -> resize to a per-sample size -> flip).
 On a GPU (``device_id`` set) decoding is ``mixed`` (nvJPEG, with the hardware JPEG
 decoder where the GPU has one) and the rest runs on the GPU.
 
@@ -312,6 +313,41 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
             **crop_kw,
         )
         return img
+
+    pipe = graph()
+    pipe.build()
+    return pipe
+
+
+#: The inputs of :func:`build_detection_pipeline`, fed by name with ``feed_input`` before each run.
+DETECTION_INPUTS = ("encoded", "anchor", "shape", "size", "flip")
+
+
+def build_detection_pipeline(spec: GraphSpec):
+    """Build the detection graph: per sample, the window ``anchor`` ``[x, y]`` / ``shape`` ``[w, h]``
+    (the whole image when it is one) decoded alone (``decoders.image_slice``), resized to ``size``
+    ``[h, w]`` (antialiased bilinear, as the PIL path), mirrored where ``flip``; uint8 HWC out.
+
+    The host computes every number (``fastload.boxcrops``, ``fastload.detection.Plan``), so the
+    boxes moved there are the pixels moved here. Fed with ``feed_input`` by the names of
+    :data:`DETECTION_INPUTS`, any batch size up to ``spec.batch_size``; one run at a time.
+    """
+    dali, fn, types = import_dali()
+    gpu = spec.device_id is not None
+    op_device = "gpu" if gpu else "cpu"
+
+    @dali.pipeline_def(batch_size=spec.batch_size, num_threads=graph_threads(spec), device_id=spec.device_id,
+                       prefetch_queue_depth=1, exec_async=False, exec_pipelined=False, seed=0)  # fmt: skip
+    def graph():
+        enc = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
+        anchor = fn.external_source(name="anchor", dtype=types.FLOAT, ndim=1)
+        shape = fn.external_source(name="shape", dtype=types.FLOAT, ndim=1)
+        size = fn.external_source(name="size", dtype=types.FLOAT, ndim=1)
+        flip = fn.external_source(name="flip", dtype=types.INT32, ndim=0)
+        img = fn.decoders.image_slice(enc, anchor, shape, device="mixed" if gpu else "cpu", normalized_anchor=False,
+                                      normalized_shape=False, **decoder_args(spec))  # fmt: skip
+        img = fn.resize(img, device=op_device, size=size, interp_type=types.INTERP_LINEAR, antialias=True)
+        return fn.flip(img, device=op_device, horizontal=flip, vertical=0)
 
     pipe = graph()
     pipe.build()

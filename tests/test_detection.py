@@ -168,8 +168,8 @@ def test_bad_arguments_name_themselves(packed, tmp_path):
         DetectionLoader(out, 2, fields=("image", "labels"))
     with pytest.raises(ConfigError, match="'masks' is not a field of this dataset"):
         DetectionLoader(out, 2, fields=("image", "boxes", "masks"))
-    with pytest.raises(ConfigError, match=r"crop=224 not supported with boxes yet"):
-        fastload.FastLoader(out, 2, fields=("image", "boxes"), crop=224)
+    with pytest.raises(ConfigError, match=r"mean=\(0.5, 0.5, 0.5\) not supported with boxes yet"):
+        fastload.FastLoader(out, 2, fields=("image", "boxes"), mean=(0.5, 0.5, 0.5))
     with pytest.raises(ConfigError, match="min_size=10 applies to detection batches"):
         fastload.FastLoader(out, 2, min_size=10)
     plain = tmp_path / "plain"
