@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from ..errors import ConfigError, DependencyError, FormatError, RemoteError, printable
+from ..errors import ConfigError, CorruptDataError, DependencyError, FormatError, RemoteError, printable
 from .url import RemoteURL
 
 log = logging.getLogger(__name__)
@@ -202,6 +202,33 @@ class RemoteStore:
         except NotFound:
             return None
         return {"size": int(meta["size"]), "e_tag": (meta.get("e_tag") or "").strip('"')}
+
+    def get_range(self, name: str, start: int, end: int, *, e_tag: str | None = None) -> Any:
+        """Bytes ``start .. end`` (exclusive) of ``name`` (a buffer); with ``e_tag``, only of that
+        version of the object (``If-Match``).
+
+        Raises:
+            CorruptDataError: the object is no longer the version ``e_tag`` names.
+            RemoteError: as every request.
+        """
+        obstore = _obstore()
+        opts: dict[str, Any] = {"range": (start, end)}
+        if e_tag:
+            opts["if_match"] = e_tag if e_tag.startswith('"') else f'"{e_tag}"'
+
+        def run(st: Any) -> Any:
+            try:
+                data = obstore.get(st, self.url.key(name), options=opts).bytes()
+            except obstore.exceptions.PreconditionError:
+                raise CorruptDataError(
+                    f"{self.url.child(name)}: the object was replaced while the dataset was read (its ETag is no longer "
+                    f"{e_tag}); none of its new bytes were used: open the dataset again"
+                ) from None
+            if len(data) != end - start:
+                raise OSError(f"a range request for {end - start} bytes brought {len(data)}")
+            return data
+
+        return self.call("GET", name, run)
 
     def download(self, name: str, dest: Path, size: int, *, progress: Callable[[Any], None] | None = None) -> None:
         """Write object ``name`` (``size`` bytes) into the file ``dest`` from its start, handing each
