@@ -205,3 +205,48 @@ def test_fetch_is_refused_for_a_local_dataset(remote):
         fastload.Dataset(remote["local"], fetch="records")
     with pytest.raises(ConfigError, match=r"fetch: only for a dataset URL"):
         FastLoader(remote["local"], 4, fetch="records")
+
+
+def test_a_server_gone_for_good_is_an_error_within_the_deadline(images, tmp_path, monkeypatch):
+    from fastload.errors import RemoteError
+
+    server = SeaweedServer(tmp_path / "weed")
+    server.start()
+    try:
+        monkeypatch.setenv("FASTLOAD_CACHE", str(tmp_path / "pack"))
+        url = f"s3://{server.make_bucket()}/t"
+        fastload.pack(images, url, shard_size=SHARD_SIZE, storage_options=server.options(), progress=False)
+        ds = fastload.Dataset(url, storage_options=server.options(), cache_dir=tmp_path / "c", fetch="records",
+                              retry_deadline=3)  # fmt: skip
+        assert ds[0][1] == 0
+    finally:
+        server.stop()
+    for i, what in ((1, "GET"), (len(ds) - 1, "HEAD")):  # a record of an open shard; a shard not opened yet
+        t = time.monotonic()
+        with pytest.raises(RemoteError, match=rf"{url}/shard-\d+\.lmdb: {what} failed .* \(retry_deadline=3 s\)"):
+            ds[i]
+        assert time.monotonic() - t < 3 + 10  # the deadline plus at most one attempt's connect timeout
+
+
+def _as_bytes(item):
+    return bytes(item[0]), item[1]
+
+
+def test_dataloader_workers_read_the_same_bytes_and_forked_ones_fail_at_once(s3, remote, tmp_path):
+    from torch.utils.data import DataLoader
+
+    from fastload.errors import RemoteError
+
+    local = fastload.Dataset(remote["local"])
+    ds = fastload.Dataset(remote["url"], storage_options=s3.options(), cache_dir=tmp_path / "c", fetch="records")
+    ds[5], ds[80]  # shards opened (and partly filled) in the parent
+    spawned = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="spawn", collate_fn=_as_bytes)
+    assert list(spawned) == [(bytes(local[i][0]), local[i][1]) for i in range(len(local))]
+    # a forked worker cannot use the store's client (it does not survive fork): an error naming the URL, not a hang
+    forked = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="fork", collate_fn=_as_bytes,
+                        timeout=120)  # fmt: skip
+    t = time.monotonic()
+    with pytest.raises(RemoteError, match=rf"{remote['url']}/shard-\d+\.lmdb: a process forked from one that used the object store"):
+        list(forked)
+    assert time.monotonic() - t < 60
+    assert ds[81] == local[81]  # the parent still reads correct bytes

@@ -193,6 +193,7 @@ class RemoteShards:
         self._fillers: dict[int, Any] = {}  # fetch="records": shard -> its RangeFiller (sparse file open)
         self._range_pool: Any = None
         self._range_pool_pid = 0
+        self._range_bytes_done = 0  # bytes brought by range requests into copies since released
 
     def __getstate__(self) -> dict:
         state = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
@@ -325,7 +326,13 @@ class RemoteShards:
         if fl is not None:
             fl.close()
         if filler is not None:
+            self._range_bytes_done += filler.filler.fetched
             filler.close()
+
+    @property
+    def range_bytes(self) -> int:
+        """Bytes this process fetched by range requests (``fetch="records"``)."""
+        return self._range_bytes_done + sum(f.filler.fetched for f in list(self._fillers.values()))
 
     # ------------------------------------------------------------------ fetch="records"
     def _sparse_path(self, k: int) -> Path:

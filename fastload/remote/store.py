@@ -31,6 +31,10 @@ _CLIENT_KEYS = {
 #: is an attempt that failed (and is retried until the deadline).
 _CLIENT_DEFAULTS = {"connect_timeout": "5s", "read_timeout": "30s", "pool_max_idle_per_host": "64"}
 
+#: The process that first made a request: obstore's runtime (tokio) does not survive ``fork``, so a
+#: forked child that made a request would wait forever (measured: a new client in the child too).
+_RUNTIME_PID: int | None = None
+
 _CLIENT_ERROR = re.compile(r"status(?: code)?:? 4(?!08|29)\d\d")
 
 
@@ -137,9 +141,18 @@ class RemoteStore:
     # ------------------------------------------------------------------ the retry loop
     def call(self, what: str, name: str, fn: Callable[[Any], T]) -> T:
         """``fn(store)`` with retries until the deadline; ``what`` and ``name`` say what for errors."""
+        global _RUNTIME_PID
         obstore = _obstore()
         ex = obstore.exceptions
         where = self.url.child(name) if name else str(self.url)
+        if _RUNTIME_PID is None:
+            _RUNTIME_PID = os.getpid()
+        elif _RUNTIME_PID != os.getpid():
+            raise RemoteError(
+                f"{where}: a process forked from one that used the object store cannot reach it (its client does not "
+                "survive fork: it would wait forever); start DataLoader workers with multiprocessing_context='spawn' "
+                "or 'forkserver' (a dataset pickles to its URL), or read with fastload.FastLoader (threads)"
+            )
         start = time.monotonic()
         tries = 0
         while True:
