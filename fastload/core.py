@@ -125,7 +125,9 @@ class Core:
         self.pipe: Any = None
         self.run: Any = None  # the fastload.epochs.EpochRun producing now
         # the records of the next batches are asked for from a few threads, ahead of DALI (cold data)
-        self.read_ahead = ReadAhead(self.dataset, threads=4, depth=max(2, self.prefetch + 2))
+        # (records fetched one by one from a store are dropped from the node cache once read)
+        drop = getattr(getattr(self.dataset, "remote", None), "fetch", None) == "records"
+        self.read_ahead = ReadAhead(self.dataset, threads=4, depth=max(2, self.prefetch + 2), evict=drop)
         self.decode_pool: Any = None  # fastload.host.DecodePool
         self.decode_pool_pid = 0
         if self.host_finish:

@@ -337,10 +337,12 @@ class FastLoader:
         cache_dir: where a torchvision dataset is packed, and where a dataset URL's shards are
             downloaded (default ``$FASTLOAD_CACHE`` or ``~/.cache/fastload``).
         progress: show a progress bar while a torchvision dataset is packed.
-        cache_limit, storage_options, retry_deadline: for a dataset URL (``s3://bucket/prefix``,
+        cache_limit, storage_options, retry_deadline, fetch: for a dataset URL (``s3://bucket/prefix``,
             ``gs://``, ``az://``, ``https://``): the node cache's size limit (bytes or ``"50GB"``),
-            the object store's endpoint and credentials, and the seconds a request is retried for
-            (default 180); see ``docs/loader.md``, "Many nodes".
+            the object store's endpoint and credentials, the seconds a request is retried for
+            (default 180), and ``fetch="shards"`` (whole shards, the default) or ``"records"``
+            (range requests, for a global shuffle over more data than the cache holds); see
+            ``docs/loader.md``, "Many nodes".
         fields: the fields each batch holds, in order, such as ``("image", "txt", "label")``, of a
             packed dataset with typed fields (``docs/fields.md``); each batch is then a
             :class:`fastload.FieldBatch` (a tuple in this order, ``batch["txt"]`` by name). Default:
@@ -413,7 +415,7 @@ class FastLoader:
         progress: bool = True,
         cache_limit: int | str | None = None,
         storage_options: dict | None = None,
-        retry_deadline: float | None = None,
+        retry_deadline: float | None = None, fetch: str | None = None,
         fields: Sequence[str] | None = None,
         pad_to: int | dict[str, int] | None = None,
     ) -> None:
@@ -451,7 +453,7 @@ class FastLoader:
         register_exit_hook()  # after DALI's own (see fastload.core)
 
         # 3. the dataset, its labels, and this rank's plan of each epoch
-        remote = _remote_options(dataset, cache_limit=cache_limit, storage_options=storage_options, retry_deadline=retry_deadline)
+        remote = _remote_options(dataset, cache_limit=cache_limit, storage_options=storage_options, retry_deadline=retry_deadline, fetch=fetch)
         packed = self._open(source, check=check, cache_dir=cache_dir, progress=progress, user_batches=user_batches, remote=remote)
         block_size, window = _block_defaults(order, block_size, window, packed)
         if target_transform is None:

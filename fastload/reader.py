@@ -148,9 +148,10 @@ class Dataset:
         check: verify each payload's checksum on read (XXH3 in datasets of format 2.0 and later:
             about 3 us per 100 KB; zlib's CRC-32 in older ones, 14 us per 100 KB;
             off by default for raw reads, on in :class:`fastload.FastLoader`).
-        cache_dir, cache_limit, storage_options, retry_deadline: for a ``path`` that is a URL
+        cache_dir, cache_limit, storage_options, retry_deadline, fetch: for a ``path`` that is a URL
             (``s3://bucket/prefix``...): the node-local cache its shards are downloaded into and
-            its size limit, the object store's settings, and how long a request is retried
+            its size limit, the object store's settings, how long a request is retried, and
+            whether whole shards or single records are fetched
             (:class:`fastload.remote.RemoteShards`; ``docs/loader.md``, "Many nodes"). Then
             :attr:`path` is the dataset's directory in the cache and :attr:`url` the URL.
     """
@@ -164,17 +165,18 @@ class Dataset:
     def __init__(
         self, path: str | os.PathLike, *, check: bool = False, cache_dir: str | os.PathLike | None = None,
         cache_limit: int | str | None = None, storage_options: dict | None = None, retry_deadline: float | None = None,
+        fetch: str | None = None,
     ) -> None:  # fmt: skip
         self.remote = None  # RemoteShards: where a URL's files come from
         if is_url(path):
             from .remote.nodecache import RemoteShards
 
-            self.remote = RemoteShards(path, cache_dir=cache_dir, cache_limit=cache_limit,
-                                       storage_options=storage_options, retry_deadline=retry_deadline)  # fmt: skip
+            self.remote = RemoteShards(path, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
+                                       retry_deadline=retry_deadline, fetch=fetch)  # fmt: skip
             path = self.remote.open()
         else:
-            given = [n for n, v in (("cache_dir", cache_dir), ("cache_limit", cache_limit),
-                                    ("storage_options", storage_options), ("retry_deadline", retry_deadline)) if v is not None]  # fmt: skip
+            given = [n for n, v in (("cache_dir", cache_dir), ("cache_limit", cache_limit), ("storage_options", storage_options),
+                                    ("retry_deadline", retry_deadline), ("fetch", fetch)) if v is not None]  # fmt: skip
             if given:
                 raise ConfigError(f"{', '.join(given)}: only for a dataset URL (s3://...), not the local path {printable(str(path))!r}")
         self.url = None if self.remote is None else str(self.remote.url)
@@ -255,9 +257,9 @@ class Dataset:
         if f is not None and not f.closed:
             return f
         shard = self.manifest.shards[k]
-        if self.remote is not None:  # downloaded into the node cache, verified, pinned while open
-            self.remote.acquire(k)
-        fpath = str(self.path / shard.file)
+        fpath, filler = str(self.path / shard.file), None
+        if self.remote is not None:  # downloaded into the node cache, verified, pinned while open (or a sparse copy)
+            fpath, filler = str(self.remote.acquire(k)), self.remote.filler(k)
         # Only a regular file inside the dataset directory is opened (a FIFO or a device would hang).
         try:
             st = stat_regular(fpath, within=self.path)
@@ -271,7 +273,8 @@ class Dataset:
                 "it was truncated or replaced (run `fastload verify`)"
             )
         try:
-            f = open_shard_file(fpath, file_identity(st), first=shard.first, count=shard.count)
+            ident = file_identity(st) if filler is None else (st.st_ino, st.st_size, 0)  # a sparse copy: its mtime moves
+            f = open_shard_file(fpath, ident, first=shard.first, count=shard.count, filler=filler)
         except DamagedShardError as e:
             raise CorruptDataError(f"{e}; run `fastload verify {self.path}`") from None
         except OSError as e:

@@ -72,6 +72,24 @@ def parse_limit(value: Any) -> int | None:
     return as_int("cache_limit", value, lo=1, hint=" (bytes, or a string like '50GB')")
 
 
+#: ``fetch=`` values: whole shards (the default), or records by range requests.
+FETCH_MODES = ("shards", "records")
+#: Range requests in flight at once per dataset with ``fetch="records"``.
+RANGE_THREADS = 16
+
+
+def check_fetch(value: Any) -> str:
+    """``fetch=``'s value checked (None: ``"shards"``)."""
+    if value is None:
+        return "shards"
+    if not isinstance(value, str) or value not in FETCH_MODES:
+        raise ConfigError(
+            f"fetch must be 'shards' or 'records', got {value!r}: 'records' reads each record by a range request "
+            "(for a global shuffle over more data than cache_limit), 'shards' downloads whole shards"
+        )
+    return value
+
+
 def cache_root(cache_dir: Any) -> Path:
     """``cache_dir``, else ``$FASTLOAD_CACHE``, else ``~/.cache/fastload``; then ``remote/``."""
     if cache_dir is None:
@@ -137,15 +155,19 @@ class RemoteShards:
         storage_options: endpoint, credentials and client settings (see :class:`RemoteStore`).
         retry_deadline: seconds a request is retried for before a RemoteError (default 180).
         threads: downloads run ahead of the epoch at once (1..64).
+        fetch: ``"shards"`` (whole shards, verified by their SHA-256, kept while the limit allows) or
+            ``"records"`` (each record by a range request into a sparse copy of its shard, dropped once
+            read: :mod:`fastload.remote.ranges`; for a global shuffle over more data than the cache holds).
     """
 
     def __init__(self, url: Any, *, cache_dir: Any = None, cache_limit: Any = None, storage_options: Any = None,
-                 retry_deadline: Any = None, threads: int = 2) -> None:  # fmt: skip
+                 retry_deadline: Any = None, threads: int = 2, fetch: Any = None) -> None:  # fmt: skip
         from ..errors import as_int
 
         self.url = parse_url(url)
+        self.fetch = check_fetch(fetch)
         self.options = {"cache_dir": cache_dir, "cache_limit": cache_limit, "storage_options": storage_options,
-                        "retry_deadline": retry_deadline}  # fmt: skip
+                        "retry_deadline": retry_deadline, "fetch": fetch}  # fmt: skip
         self.remote = RemoteStore(self.url, storage_options=storage_options, retry_deadline=retry_deadline)
         self.cache = cache_root(cache_dir)
         self.limit = parse_limit(cache_limit)
@@ -168,6 +190,10 @@ class RemoteShards:
         self._stop = False
         self._pid = os.getpid()
         self.downloads = 0  # shards this process downloaded
+        self._fillers: dict[int, Any] = {}  # fetch="records": shard -> its RangeFiller (sparse file open)
+        self._range_pool: Any = None
+        self._range_pool_pid = 0
+        self._range_bytes_done = 0  # bytes brought by range requests into copies since released
 
     def __getstate__(self) -> dict:
         state = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
@@ -265,6 +291,8 @@ class RemoteShards:
             CorruptDataError: its bytes differ from the manifest's hash, twice.
             RemoteError: the store did not answer within the deadline.
         """
+        if self.fetch == "records":
+            return self._acquire_sparse(k)
         path, lockpath = self._paths(k)
         with self._klocks[k]:
             if k in self._pins:
@@ -290,11 +318,64 @@ class RemoteShards:
                 raise
 
     def release(self, k: int) -> None:
-        """Unpin shard ``k`` (its file may now be deleted to make room)."""
+        """Unpin shard ``k`` (its file may now be deleted to make room); with ``fetch="records"``, delete
+        this process's sparse copy of it."""
         with self._klocks[k]:
             fl = self._pins.pop(k, None)
+            filler = self._fillers.pop(k, None)
         if fl is not None:
             fl.close()
+        if filler is not None:
+            self._range_bytes_done += filler.filler.fetched
+            filler.close()
+
+    @property
+    def range_bytes(self) -> int:
+        """Bytes this process fetched by range requests (``fetch="records"``)."""
+        return self._range_bytes_done + sum(f.filler.fetched for f in list(self._fillers.values()))
+
+    # ------------------------------------------------------------------ fetch="records"
+    def _sparse_path(self, k: int) -> Path:
+        assert self.root is not None and self.manifest is not None
+        return self.root / ".ranges" / f"{self.manifest.shards[k].file}.{os.getpid()}"
+
+    def _acquire_sparse(self, k: int) -> Path:
+        """This process's sparse copy of shard ``k`` (made if needed), filled by range requests."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .ranges import SparseShard
+
+        path = self._sparse_path(k)
+        with self._klocks[k]:
+            if k in self._bad:
+                raise self._bad[k]
+            f = self._fillers.get(k)
+            if f is not None and f.pid == os.getpid():
+                return path
+            shard = self.manifest.shards[k]  # type: ignore[union-attr]
+            try:
+                meta = self.remote.head(shard.file)
+                if meta is None:
+                    raise FormatError(f"{self.url.child(shard.file)}: shard {k} is missing from the store; the dataset is incomplete")
+                if meta["size"] != shard.bytes:
+                    raise CorruptDataError(
+                        f"{self.url.child(shard.file)}: shard {k} is {meta['size']} bytes, the manifest says {shard.bytes}; "
+                        "the dataset in the store was altered or is being replaced"
+                    )
+            except (CorruptDataError, FormatError, RemoteError) as e:
+                self._bad[k] = e
+                raise
+            with self._mutex:
+                if self._range_pool is None or self._range_pool_pid != os.getpid():
+                    self._range_pool = ThreadPoolExecutor(RANGE_THREADS, thread_name_prefix="fastload-range")
+                    self._range_pool_pid = os.getpid()
+            self._fillers[k] = SparseShard(path, self.remote, shard.file, shard.bytes, meta["e_tag"] or None, self._range_pool)
+            return path
+
+    def filler(self, k: int) -> Any:
+        """Shard ``k``'s :class:`~fastload.store.Filler` (``fetch="records"``, after :meth:`acquire`), else None."""
+        f = self._fillers.get(k)
+        return None if f is None else f.filler
 
     def pinned(self) -> list[int]:
         return sorted(self._pins)
@@ -335,9 +416,11 @@ class RemoteShards:
             for f in files:
                 if not f.endswith(".lock"):
                     try:
-                        total += os.lstat(os.path.join(dirpath, f)).st_size
+                        st = os.lstat(os.path.join(dirpath, f))
                     except FileNotFoundError:
-                        pass
+                        continue
+                    # a fetch="records" copy is sparse: what it holds is its blocks; a reserved .part is its size
+                    total += st.st_blocks * 512 if os.path.basename(dirpath) == ".ranges" else st.st_size
         return total
 
     def _next_use(self, k: int) -> float:
@@ -427,9 +510,10 @@ class RemoteShards:
         with self._cond:
             self._uses = {k: np.asarray(v, dtype=np.int64) for k, v in uses.items()}
             self._pos = 0
-            self._queue = order
+            self._queue = order if self.fetch == "shards" else []  # records: the read-ahead asks for them
             self._cond.notify_all()
-        self._start_workers()
+        if self.fetch == "shards":
+            self._start_workers()
         try:
             for pos, b in enumerate(ahead(batches)):
                 with self._cond:
@@ -485,8 +569,11 @@ class RemoteShards:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-        for k in self.pinned():
+        for k in sorted(set(self.pinned()) | set(self._fillers)):
             self.release(k)
+        pool, self._range_pool = self._range_pool, None
+        if pool is not None and getattr(self, "_range_pool_pid", None) == os.getpid():
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def __repr__(self) -> str:
         return f"RemoteShards({printable(str(self.url))!r}, cache={str(self.cache)!r}, limit={self.limit})"

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from ..errors import ConfigError, DependencyError, FormatError, RemoteError, printable
+from ..errors import ConfigError, CorruptDataError, DependencyError, FormatError, RemoteError, printable
 from .url import RemoteURL
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,10 @@ _CLIENT_KEYS = {
 #: HTTP client defaults: a connection that cannot be made in 5 s, or a read that stalls for 30 s,
 #: is an attempt that failed (and is retried until the deadline).
 _CLIENT_DEFAULTS = {"connect_timeout": "5s", "read_timeout": "30s", "pool_max_idle_per_host": "64"}
+
+#: The process that first made a request: obstore's runtime (tokio) does not survive ``fork``, so a
+#: forked child that made a request would wait forever (measured: a new client in the child too).
+_RUNTIME_PID: int | None = None
 
 _CLIENT_ERROR = re.compile(r"status(?: code)?:? 4(?!08|29)\d\d")
 
@@ -137,9 +141,18 @@ class RemoteStore:
     # ------------------------------------------------------------------ the retry loop
     def call(self, what: str, name: str, fn: Callable[[Any], T]) -> T:
         """``fn(store)`` with retries until the deadline; ``what`` and ``name`` say what for errors."""
+        global _RUNTIME_PID
         obstore = _obstore()
         ex = obstore.exceptions
         where = self.url.child(name) if name else str(self.url)
+        if _RUNTIME_PID is None:
+            _RUNTIME_PID = os.getpid()
+        elif _RUNTIME_PID != os.getpid():
+            raise RemoteError(
+                f"{where}: a process forked from one that used the object store cannot reach it (its client does not "
+                "survive fork: it would wait forever); start DataLoader workers with multiprocessing_context='spawn' "
+                "or 'forkserver' (a dataset pickles to its URL), or read with fastload.FastLoader (threads)"
+            )
         start = time.monotonic()
         tries = 0
         while True:
@@ -202,6 +215,33 @@ class RemoteStore:
         except NotFound:
             return None
         return {"size": int(meta["size"]), "e_tag": (meta.get("e_tag") or "").strip('"')}
+
+    def get_range(self, name: str, start: int, end: int, *, e_tag: str | None = None) -> Any:
+        """Bytes ``start .. end`` (exclusive) of ``name`` (a buffer); with ``e_tag``, only of that
+        version of the object (``If-Match``).
+
+        Raises:
+            CorruptDataError: the object is no longer the version ``e_tag`` names.
+            RemoteError: as every request.
+        """
+        obstore = _obstore()
+        opts: dict[str, Any] = {"range": (start, end)}
+        if e_tag:
+            opts["if_match"] = e_tag if e_tag.startswith('"') else f'"{e_tag}"'
+
+        def run(st: Any) -> Any:
+            try:
+                data = obstore.get(st, self.url.key(name), options=opts).bytes()
+            except obstore.exceptions.PreconditionError:
+                raise CorruptDataError(
+                    f"{self.url.child(name)}: the object was replaced while the dataset was read (its ETag is no longer "
+                    f"{e_tag}); none of its new bytes were used: open the dataset again"
+                ) from None
+            if len(data) != end - start:
+                raise OSError(f"a range request for {end - start} bytes brought {len(data)}")
+            return data
+
+        return self.call("GET", name, run)
 
     def download(self, name: str, dest: Path, size: int, *, progress: Callable[[Any], None] | None = None) -> None:
         """Write object ``name`` (``size`` bytes) into the file ``dest`` from its start, handing each

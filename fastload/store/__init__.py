@@ -18,7 +18,7 @@ Everything public is re-exported here: ``from fastload.store import ShardFile`` 
 
 from __future__ import annotations
 
-from .btree import READ_SLACK, DamagedShardError, ShardFile, ShardScan, check_shard_structure, close_shared, open_shard_file
+from .btree import READ_SLACK, DamagedShardError, Filler, ShardFile, ShardScan, check_shard_structure, close_shared, open_shard_file
 from .files import (
     UnusableFileError,
     file_identity,
@@ -37,5 +37,5 @@ __all__ = [
     "process_memory", "resident_bytes", "drop_cached",
     "iter_records", "iter_headers", "file_sha256", "HeaderStats",
     "UnusableFileError", "file_kind", "stat_regular", "open_regular", "read_regular", "file_problem", "file_identity",
-    "READ_SLACK", "nowait_read", "ShardScan",
+    "READ_SLACK", "nowait_read", "ShardScan", "Filler",
 ]  # fmt: skip

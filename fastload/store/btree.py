@@ -13,7 +13,7 @@ import os
 import struct
 import threading
 import weakref
-from typing import Iterator, Sequence
+from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -71,6 +71,20 @@ _SPLIT_MIN = 16384  # values above this may be read in two parts (see ShardFile.
 _SCAN_PAGES = 32  # leaf pages a ShardScan reads at a time
 
 
+class Filler(Protocol):
+    """What fills a shard file that is only partly on disk (a sparse copy of an object in a store).
+
+    :class:`ShardFile` calls :meth:`fill` before it reads any byte range (``wait=True``: the bytes
+    must be in the file when it returns) and when records are announced ahead
+    (:meth:`ShardFile.willneed`: ``wait=False``), and :meth:`drop` when their pages are no longer
+    wanted (:meth:`ShardFile.evict`). ``ranges`` are ``(offset, length)`` pairs.
+    """
+
+    def fill(self, ranges: Sequence[tuple[int, int]], *, wait: bool) -> None: ...
+
+    def drop(self, ranges: Sequence[tuple[int, int]]) -> None: ...
+
+
 class _Damage(Exception):
     """A structural problem of a shard file; ``args[0]`` says what, for a message."""
 
@@ -93,8 +107,8 @@ class _Tree:
     not known (then keys are not checked).
     """
 
-    def __init__(self, fd: int, size: int, keys: tuple[int, int] | None) -> None:
-        self.fd, self.size, self.keys = fd, size, keys
+    def __init__(self, fd: int, size: int, keys: tuple[int, int] | None, filler: "Filler | None" = None) -> None:
+        self.fd, self.size, self.keys, self.filler = fd, size, keys, filler
         self.bytes_read = 0
         if keys is not None:
             self.keys_problem = f"LMDB keys are not the sample indices {keys[0]}..{keys[0] + keys[1] - 1}"
@@ -134,6 +148,8 @@ class _Tree:
 
     # -- reading -------------------------------------------------------------------------------
     def _pread(self, off: int, n: int) -> bytes:
+        if self.filler is not None:
+            self.filler.fill([(off, n)], wait=True)
         advise(self.fd, [(off, n)], FADV_WILLNEED)  # exactly these pages: no read-around
         try:
             b = os.pread(self.fd, n, off)
@@ -147,6 +163,8 @@ class _Tree:
     def pages(self, pgnos: list[int]) -> list[bytes]:
         """The pages ``pgnos`` (each at most ``last``), asked of the kernel all at once, then read."""
         ps = self.psize
+        if self.filler is not None:
+            self.filler.fill([(p * ps, ps) for p in pgnos], wait=True)
         advise(self.fd, ((p * ps, ps) for p in pgnos), FADV_WILLNEED)
         out = []
         for p in pgnos:
@@ -357,17 +375,19 @@ class ShardFile:
         OSError: the file cannot be opened, or is not the file ``identity`` describes.
     """
 
-    def __init__(self, path: str, identity: tuple[int, int, int], *, first: int, count: int) -> None:
-        self.path, self.first, self.count = path, first, count
+    def __init__(self, path: str, identity: tuple[int, int, int], *, first: int, count: int,
+                 filler: "Filler | None" = None) -> None:  # fmt: skip
+        self.path, self.first, self.count, self._filler = path, first, count, filler
         fd, st = open_regular(path)
         try:
-            if file_identity(st) != identity:
+            # a sparse copy being filled (``filler``) changes its mtime with every write: its inode and size say which file it is
+            if (file_identity(st) if filler is None else (st.st_ino, st.st_size, 0)) != identity:
                 raise UnusableFileError(errno.ESTALE, "was replaced while being opened; try again", path)
             # No read-around: this disk's read_ahead_kb may be 8 MiB, and LMDB's pages and random
             # records gain nothing from it. What is worth reading ahead, ReadAhead asks for exactly.
             advise(fd, [(0, 0)], FADV_RANDOM)
             try:
-                self._tree = _Tree(fd, st.st_size, (first, count))
+                self._tree = _Tree(fd, st.st_size, (first, count), filler)
                 self.psize = self._tree.psize
                 #: records in overflow pages: the whole tree is checked now, else page by page
                 self.lazy = self._tree.overflow_pages == 0
@@ -494,6 +514,8 @@ class ShardFile:
             CorruptDataError: as :meth:`value`.
         """
         n, off, extra = self._place(index)
+        if self._filler is not None:  # the whole value at once: one request, not a head and a rest
+            self._filler.fill([(off - extra, n + extra)], wait=True)
         if head and n > max(head, _SPLIT_MIN):
             if not self.closed:
                 advise(self._fd, [(off - extra, n + extra)], FADV_WILLNEED)
@@ -520,6 +542,8 @@ class ShardFile:
         """
         if self.closed:
             raise FormatError(f"{self.path}: shard file was closed (fastload.store.close_shared()); open the dataset again")
+        if self._filler is not None:
+            self._filler.fill([(off, n)], wait=True)
         try:
             b = os.pread(self._fd, n, off)
         except OSError as e:
@@ -572,6 +596,8 @@ class ShardFile:
                 ranges[-1] = (ranges[-1][0], max(end, ranges[-1][1]))
             else:
                 ranges.append((start, end))
+        if self._filler is not None:
+            self._filler.fill([(a, b - a) for a, b in ranges], wait=False)
         advise(self._fd, [(a, b - a) for a, b in ranges], FADV_WILLNEED)
 
     def evict(self, indices: Sequence[int]) -> None:
@@ -582,6 +608,8 @@ class ShardFile:
         ps = self.psize
         ranges = [(start, -(-(end - start) // ps) * ps) for start, end, big in self._spans([int(i) for i in indices]) if big]
         advise(self._fd, ranges, FADV_DONTNEED)
+        if self._filler is not None:
+            self._filler.drop(ranges)
 
 
     def read_into(self, index: int, buf: np.ndarray, pos: int, addr: int) -> tuple[int, int]:
@@ -602,6 +630,8 @@ class ShardFile:
         start, total = off - extra, extra + n
         if self.closed:
             raise FormatError(f"{self.path}: shard file was closed (fastload.store.close_shared()); open the dataset again")
+        if self._filler is not None:
+            self._filler.fill([(start, total)], wait=True)
         got = nowait_read(self._fd, addr + pos, total, start)
         if got < total:
             got = max(got, 0)
@@ -719,7 +749,8 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-def open_shard_file(path: str, identity: tuple[int, int, int], *, first: int, count: int) -> ShardFile:
+def open_shard_file(path: str, identity: tuple[int, int, int], *, first: int, count: int,
+                    filler: "Filler | None" = None) -> ShardFile:  # fmt: skip
     """This process's :class:`ShardFile` of ``path`` (opened if needed; only if it still has ``identity``).
 
     Raises:
@@ -738,7 +769,7 @@ def open_shard_file(path: str, identity: tuple[int, int, int], *, first: int, co
             f = _FILES.get(key)
         if f is None or f.closed:
             try:
-                f = ShardFile(path, identity, first=first, count=count)
+                f = ShardFile(path, identity, first=first, count=count, filler=filler)
             finally:
                 with _FILES_LOCK:
                     _OPENING.pop(key, None)
@@ -762,6 +793,6 @@ def close_shared() -> None:
 
 
 __all__ = [
-    "READ_SLACK", "DamagedShardError", "check_shard_structure", "ShardFile", "open_shard_file",
+    "READ_SLACK", "DamagedShardError", "Filler", "check_shard_structure", "ShardFile", "open_shard_file",
     "close_shared", "ShardScan",
 ]  # fmt: skip
