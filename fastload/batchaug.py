@@ -188,7 +188,22 @@ def _policy_op(pil: Any, library: str, step: tuple, fill: Any) -> Any:
     if name == "GaussianBlur":
         sigma = float(np.float32(args[2]))  # torchvision draws it as a float32 (uniform_ on a tensor)
         return F.gaussian_blur(pil, [int(args[0]), int(args[1])], [sigma, sigma])
+    if name == "ColorJitter":
+        return _jitter_parts(pil, args)
     return _trivial_op(pil, name, float(args[0]), InterpolationMode(interp), fill)
+
+
+def _jitter_parts(img: Any, args: tuple) -> Any:
+    """``ColorJitter.forward`` with its draws given: ``args`` is the order of the four parts, then their
+    factors (NaN: off), run by torchvision's functional calls on a PIL image or a uint8 tensor."""
+    import torchvision.transforms.functional as F
+
+    calls = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)
+    for k in args[:4]:
+        f = args[4 + int(k)]
+        if not math.isnan(f):
+            img = calls[int(k)](img, f)
+    return img
 
 
 def policy(
