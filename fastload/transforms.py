@@ -44,8 +44,8 @@ Training augmentations after the crop become the Augment's ``jitter`` (``ColorJi
 ``RandomApply([ColorJitter], p)``), ``grayscale``, ``trivial`` (``TrivialAugmentWide``),
 ``policy`` (torchvision's and timm's ``RandAugment``/``AutoAugment``; ``RandomApply``,
 ``RandomChoice``, ``RandomOrder`` of colour operations, ``GaussianBlur``, ``RandomSolarize``
-and the like, read by :mod:`fastload.readaug`) and ``erasing`` (torchvision's and timm's
-``RandomErasing`` after the last ``Normalize``), in that order of application.
+and the like, read by :mod:`fastload.readaug`) and ``erasing`` (``RandomErasing`` after the last
+``Normalize``); colour steps in another order than policy, jitter, grayscale: one chain, in order.
 
 Interpolation: ``BILINEAR`` (the default), ``BICUBIC`` and ``LANCZOS`` (or PIL's codes for
 them, as timm passes), kept as ``Augment.interpolation``: PIL's filter on the CPU training
