@@ -260,3 +260,24 @@ def test_a_simclr_shaped_loop_runs_one_loader_per_view(make_folder, tmp_path):
                 opt.step()
                 losses.append(float(loss.detach()))
     assert np.mean(losses[-3:]) < np.mean(losses[:3])
+
+
+def test_a_jitter_beside_other_operations_in_one_stage_draws_independently_of_them():
+    """RandomApply([ColorJitter, GaussianBlur]) and RandomOrder of the two: the jitter takes two slots of
+    uniforms and the blur its own, so the blur's sigma is independent of the jitter's order (chi-square of
+    the part that comes first against sigma's quartile, alpha = 0.001) and RandomOrder puts either first
+    half the time (4 s.e.)."""
+    n = 8000
+    for stage in (T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.GaussianBlur(3, (0.1, 2.0))], p=1.0),
+                  T.RandomOrder([T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.GaussianBlur(3, (0.1, 2.0))])):  # fmt: skip
+        pol = translate(T.Compose([T.RandomResizedCrop(24), stage, T.PILToTensor()])).policy
+        plans = plan(pol, seed=12, epoch=0, positions=np.arange(n))
+        assert all(sorted(s[0] for s in p) == ["ColorJitter", "GaussianBlur"] for p in plans)
+        first = np.array([next(int(s[1][0]) for s in p if s[0] == "ColorJitter") for p in plans])
+        sigma = np.array([next(s[1][2] for s in p if s[0] == "GaussianBlur") for p in plans])
+        quart = np.digitize(sigma, np.quantile(sigma, [0.25, 0.5, 0.75]))
+        table = np.array([[np.sum((first == a) & (quart == b)) for b in range(4)] for a in range(4)])
+        assert stats.chi2_contingency(table).pvalue > ALPHA, type(stage).__name__
+        if isinstance(stage, T.RandomOrder):
+            jitter_first = np.mean([p[0][0] == "ColorJitter" for p in plans])
+            assert abs(jitter_first - 0.5) < 4 * np.sqrt(0.25 / n)
