@@ -3,7 +3,10 @@
 What each image gets is decided by :mod:`fastload.augment` (pure functions of seed, epoch
 and position, like the crops); here it is only carried out, on the stream the batch is
 made on, with torchvision's tensor formulas (``adjust_brightness``/``contrast``/``saturation``
-blends clamped to [0, 1], its grayscale weights, ``adjust_hue``).
+blends clamped to [0, 1], its grayscale weights, ``adjust_hue``). The auto-augment and chain
+operations run on the PIL image on the CPU (exactly a DataLoader worker's pipeline, and faster
+there), and on the uint8 tensor on any other device (torchvision's tensor functions, within the
+differences ``tests/test_device_ops.py`` measures), the few without a tensor twin on the host.
 """
 
 from __future__ import annotations
@@ -188,28 +191,96 @@ def _policy_op(pil: Any, library: str, step: tuple, fill: Any) -> Any:
     if name == "GaussianBlur":
         sigma = float(np.float32(args[2]))  # torchvision draws it as a float32 (uniform_ on a tensor)
         return F.gaussian_blur(pil, [int(args[0]), int(args[1])], [sigma, sigma])
+    if name == "ColorJitter":
+        return _jitter_parts(pil, args)
     return _trivial_op(pil, name, float(args[0]), InterpolationMode(interp), fill)
+
+
+def _jitter_parts(img: Any, args: tuple) -> Any:
+    """``ColorJitter.forward`` with its draws given: ``args`` is the order of the four parts, then their
+    factors (NaN: off), run by torchvision's functional calls on a PIL image or a uint8 tensor."""
+    import torchvision.transforms.functional as F
+
+    calls = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)
+    for k in args[:4]:
+        f = args[4 + int(k)]
+        if not math.isnan(f):
+            img = calls[int(k)](img, f)
+    return img
+
+
+#: timm's operations that torchvision's tensor functions run with timm's (PIL's) semantics, by the call.
+_TIMM_TENSOR = {
+    "AutoContrast": "autocontrast", "Equalize": "equalize", "Invert": "invert", "Solarize": "solarize",
+    "SolarizeIncreasing": "solarize", "SolarizeAdd": "solarize_add", "Posterize": "posterize",
+    "PosterizeIncreasing": "posterize", "PosterizeOriginal": "posterize", "Color": "adjust_saturation",
+    "ColorIncreasing": "adjust_saturation", "Desaturate": "adjust_saturation", "Contrast": "adjust_contrast",
+    "ContrastIncreasing": "adjust_contrast", "Brightness": "adjust_brightness", "BrightnessIncreasing": "adjust_brightness",
+    "Sharpness": "adjust_sharpness", "SharpnessIncreasing": "adjust_sharpness",
+}  # fmt: skip
+#: timm's operations left to PIL on the host: its affine transforms (PIL's own coordinate rounding and
+#: float translations) and its blur (PIL's box-filter approximation of a Gaussian) have no tensor twin.
+TIMM_HOST_OPS = ("Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel", "GaussianBlur")
+_GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
+
+
+def tensor_op(x: torch.Tensor, library: str, step: tuple, fill: Any) -> torch.Tensor | None:
+    """One planned operation on a CHW uint8 tensor on any device, by torchvision's tensor functions; None
+    where no tensor function has the operation's semantics (bicubic geometric operations, timm's
+    :data:`TIMM_HOST_OPS`), which then run on the PIL image."""
+    import torchvision.transforms.functional as F
+    from torchvision.transforms import InterpolationMode
+
+    name, args, interp = step
+    if library == "timm":
+        call = _TIMM_TENSOR.get(name)
+        if call is None:
+            return None
+        if call == "solarize":  # PIL inverts pixels >= the threshold; 256 inverts none
+            return x if args[0] > 255 else F.solarize(x, float(args[0]))
+        if call == "solarize_add":  # timm's table: pixels below 128 get `add`, clipped at 255
+            return torch.where(x < 128, (x.to(torch.int16) + int(args[0])).clamp_(max=255).to(torch.uint8), x)
+        if call == "posterize":
+            return x if args[0] >= 8 else F.posterize(x, int(args[0]))
+        if call in ("autocontrast", "equalize", "invert"):
+            return getattr(F, call)(x)
+        if name == "Desaturate":  # timm enhances Color by 1 - factor, clamped to [0, 1]
+            return F.adjust_saturation(x, min(1.0, max(0.0, 1.0 - float(args[0]))))
+        return getattr(F, call)(x, float(args[0]))
+    if name == "Grayscale":
+        return F.rgb_to_grayscale(x, num_output_channels=3)
+    if name == "GaussianBlur":  # torchvision's PIL path runs this very tensor kernel
+        sigma = float(np.float32(args[2]))
+        return F.gaussian_blur(x, [int(args[0]), int(args[1])], [sigma, sigma])
+    if name == "ColorJitter":
+        return _jitter_parts(x, args)
+    if name in _GEOMETRIC and interp == "bicubic":  # torch's tensor affine has no bicubic
+        return None
+    return _trivial_op(x, name, float(args[0]), InterpolationMode(interp), None if fill is None else [float(v) for v in fill])
 
 
 def policy(
     images: torch.Tensor, plans: list, *, library: str, mean: Sequence[float] | None, std: Sequence[float] | None,
-    fill: Sequence[float] | None,
+    fill: Sequence[float] | None, on_device: bool | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Each image's planned operations (:func:`fastload.policies.plan`) on its uint8 pixels, in place.
 
-    Every operation runs on the PIL image, by torchvision's ``_apply_op`` functions or timm's
-    ``NAME_TO_OP``, as a DataLoader worker runs RandAugment/AutoAugment before ``ToTensor``;
-    a CUDA batch's images that get an operation go to the host and back for it.
+    On the CPU (``on_device`` False, the default there) every operation runs on the PIL image,
+    by torchvision's ``_apply_op`` functions or timm's ``NAME_TO_OP``, as a DataLoader worker
+    runs RandAugment/AutoAugment before ``ToTensor``. On another device (``on_device`` True, the
+    default there) they run on the image's uint8 tensor where it is, by :func:`tensor_op`; an
+    operation without a tensor twin takes that one image to the host and back.
     """
-    from PIL import Image
-
     work = [k for k, steps in enumerate(plans) if any(s[0] != "Identity" for s in steps)]
     if not work:
         return images
-    if library == "timm":
-        pil_fill = (0, 0, 0) if fill is None else tuple(int(round(v)) for v in (fill if len(fill) == 3 else list(fill) * 3))
-    else:
-        pil_fill = None if fill is None else [int(round(v)) for v in (fill if len(fill) == 3 else list(fill) * 3)]
+    three = None if fill is None else tuple(int(round(v)) for v in (fill if len(fill) == 3 else list(fill) * 3))
+    pil_fill = ((0, 0, 0) if three is None else three) if library == "timm" else (None if three is None else list(three))
+    if on_device if on_device is not None else images.device.type != "cpu":
+        _policy_tensors(images, work, plans, library=library, mean=mean, std=std, fill=pil_fill)
+        return images
+    from PIL import Image
+
     if mean is not None:
         m = np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
         s = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
@@ -228,6 +299,26 @@ def policy(
         else:
             images[k] = torch.from_numpy(np.ascontiguousarray(out)).to(images.device, images.dtype)
     return images
+
+
+def _policy_tensors(images: torch.Tensor, work: list, plans: list, *, library: str, mean, std, fill) -> None:
+    """:func:`policy` on the images' own device: each image's uint8 tensor through :func:`tensor_op`."""
+    from PIL import Image
+
+    dev = images.device
+    if mean is not None:
+        m = torch.tensor(mean, device=dev).view(3, 1, 1)
+        s = torch.tensor(std, device=dev).view(3, 1, 1)
+    for k in work:
+        x = images[k]
+        u8 = x if mean is None else ((x.float() * s + m) * 255.0).round_().clamp_(0, 255).to(torch.uint8)
+        for step in plans[k]:
+            out = tensor_op(u8, library, step, fill)
+            if out is None:  # on the host, by the library's own PIL function
+                pil = Image.fromarray(u8.permute(1, 2, 0).contiguous().cpu().numpy())
+                out = torch.from_numpy(np.array(_policy_op(pil, library, step, fill), dtype=np.uint8)).permute(2, 0, 1).to(dev)
+            u8 = out
+        images[k] = u8 if mean is None else ((u8.float() / 255.0 - m) / s).to(images.dtype)
 
 
 def erase_noisy(images: torch.Tensor, rects: np.ndarray, seeds: np.ndarray, *, noise: str) -> torch.Tensor:

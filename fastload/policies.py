@@ -21,7 +21,10 @@ The laws are those of the objects translated:
 * a torchvision chain (``RandomApply``, ``RandomChoice``, ``RandomSolarize``, ``GaussianBlur``...):
   each stage runs with its probability (``p < rand()`` skips), picks one of its groups
   (``RandomChoice``'s weights, else uniform), and applies the group's operations, each
-  with its own probability; GaussianBlur's sigma is uniform in its range per image.
+  with its own probability; GaussianBlur's sigma is uniform in its range per image; a
+  ``ColorJitter`` in a chain draws torchvision's ``get_params``: a uniformly random order of
+  its four parts and each part's factor uniform in its range (its step's arguments: the
+  order, then the four factors, NaN for a part that is off).
 
 Nothing here imports torch, torchvision or timm.
 """
@@ -33,7 +36,7 @@ import math
 import numpy as np
 
 from .augment import uniforms
-from .settings import Op, Policy
+from .settings import Op, Policy, Stage
 
 #: Mixed into the seed of the policy draws, independent of the crop, colour and erasing draws.
 POLICY_SALT = 0x5BE0CD19137E2179
@@ -117,6 +120,10 @@ def _step(policy: Policy, op: Op, u: np.ndarray) -> tuple[str, tuple, str] | Non
     """One chosen operation's ``(name, args, interpolation)`` from its slot's uniforms, or None if skipped."""
     if op.prob < 1.0 and not u[1] <= op.prob:
         return None
+    if op.jitter is not None:  # ColorJitter.get_params: randperm(4), then each part uniform in its range
+        order = np.argsort(u[_PER_SLOT : _PER_SLOT + 4], kind="stable")
+        factors = [math.nan if r is None else float(r[0] + u[2 + k] * (r[1] - r[0])) for k, r in enumerate(op.jitter.parts)]
+        return op.name, tuple(float(v) for v in order) + tuple(factors), policy.interpolation[0]
     interp = policy.interpolation[min(int(u[5] * len(policy.interpolation)), len(policy.interpolation) - 1)]
     if policy.library == "timm":
         return op.name, timm_args(op.name, _level(op, u[2], u[3]), bool(u[4] > 0.5), op), interp
@@ -139,27 +146,43 @@ def _chain(policy: Policy, row: np.ndarray) -> list[tuple[str, tuple, str]]:
     """One image's steps of a ``"chain"`` policy from its uniforms (per stage: gate, pick, then slots)."""
     steps, i = [], 1
     for stage in policy.stages:
-        width = max(len(g) for g in stage.groups)
+        width = _width(stage)
         gate, pick, slots = row[i], row[i + 1], row[i + 2 : i + 2 + _PER_SLOT * width]
         i += 2 + _PER_SLOT * width
         if stage.p < 1.0 and not gate <= stage.p:
             continue
-        for k, op in enumerate(stage.groups[_pick(pick, stage.weights, len(stage.groups))]):
-            s = _step(policy, op, slots[_PER_SLOT * k : _PER_SLOT * (k + 1)])
+        k = 0
+        for op in stage.groups[_pick(pick, stage.weights, len(stage.groups))]:
+            s = _step(policy, op, slots[_PER_SLOT * k : _PER_SLOT * (k + _slots(op))])
+            k += _slots(op)
             if s is not None:
                 steps.append(s)
     return steps
+
+
+def _slots(op: Op) -> int:
+    """Slots of uniforms an operation draws from: two for a jitter (its order and factors), else one."""
+    return 2 if op.jitter is not None else 1
+
+
+def _width(stage: Stage) -> int:
+    """Slots a chain stage reserves: its widest group's."""
+    return max(sum(_slots(o) for o in g) for g in stage.groups)
 
 
 def plan(policy: Policy, *, seed: int, epoch: int, positions: np.ndarray) -> list[list[tuple[str, tuple, str]]]:
     """Per sample of ``positions``: the operations it gets, in order, as ``(name, args, interpolation)``.
 
     ``args`` are what the operation is called with: torchvision's one magnitude, or timm's
-    level arguments (empty for AutoContrast, Equalize, Invert). Skipped operations (their
+    level arguments (empty for AutoContrast, Equalize, Invert); GaussianBlur: its kernel and
+    sigma; ColorJitter: its order and four factors. Skipped operations (their
     probability not drawn) are left out; ``Identity`` is kept (it does nothing).
     """
     slots = policy.layers
-    draws = 1 + _PER_SLOT * slots + (2 * len(policy.stages) if policy.kind == "chain" else 0)
+    if policy.kind == "chain":
+        draws = 1 + sum(2 + _PER_SLOT * _width(st) for st in policy.stages)
+    else:
+        draws = 1 + _PER_SLOT * slots
     u = uniforms(seed ^ POLICY_SALT, epoch, positions, draws)
     out: list[list[tuple[str, tuple, str]]] = []
     for row in u:

@@ -9,12 +9,13 @@ torchvision's magnitudes come from the object's own augmentation space at the cr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 from .errors import ConfigError
 from .policies import TIMM_OPS, TORCHVISION_OPS
-from .settings import Erasing, Op, Policy
+from .settings import Erasing, Jitter, Op, Policy, Stage
 
 #: PIL's resampling codes a timm policy may use, by name.
 _PIL_NAMES = {0: "nearest", 2: "bilinear", 3: "bicubic"}
@@ -153,18 +154,33 @@ def timm_erasing(t: Any) -> Erasing:
 
 #: torchvision's single-operation steps a chain runs, by the kind :mod:`fastload.transforms` gives them.
 CHAIN_KINDS = ("solarize", "posterize", "sharpness", "autocontrast", "equalize", "invert", "blur", "gray_fixed", "grayscale")
+#: The steps a chain may also hold (``ColorJitter``: its parts in a random order, on the uint8 pixels).
+CHAIN_EXTRA_KINDS = ("jitter",)
+
+
+def jitter_ranges(t: Any, *, p: float = 1.0) -> Jitter | None:
+    """``ColorJitter``'s four ranges as a Jitter applied with probability ``p``, or None when every part is off (a no-op)."""
+    parts = {a: getattr(t, a, None) for a in ("brightness", "contrast", "saturation", "hue")}
+    if all(v is None for v in parts.values()):
+        return None
+    return Jitter(**{k: None if v is None else tuple(float(x) for x in v) for k, v in parts.items()}, p=p)
 
 
 def chain_op(t: Any, kind: str, *, float_pixels: bool) -> Op:
     """One of torchvision's ``RandomSolarize``, ``RandomPosterize``, ``RandomAdjustSharpness``,
     ``RandomAutocontrast``, ``RandomEqualize``, ``RandomInvert``, ``GaussianBlur``, ``Grayscale(3)``,
-    ``RandomGrayscale`` as an Op of a chain (run on the uint8 pixels; ``float_pixels``: the step sees
+    ``RandomGrayscale``, ``ColorJitter`` as an Op of a chain (run on the uint8 pixels; ``float_pixels``: the step sees
     0..1 floats, so a solarize threshold is scaled to 255ths).
 
     Raises:
         ConfigError: a form FastLoader cannot run (one output channel, posterize on floats, ...).
     """
     p = float(getattr(t, "p", 1.0))
+    if kind == "jitter":
+        ranges = jitter_ranges(t)
+        if ranges is None:  # every part off: nothing happens, at no draw's cost
+            return Op(name="Identity")
+        return Op(name="ColorJitter", jitter=ranges)
     if kind == "solarize":
         return Op(name="Solarize", prob=p, magnitude=float(t.threshold) * (255.0 if float_pixels else 1.0))
     if kind == "posterize":
@@ -183,3 +199,18 @@ def chain_op(t: Any, kind: str, *, float_pixels: bool) -> Op:
             raise ConfigError("Grayscale with one output channel: FastLoader batches are RGB; use num_output_channels=3")
         return Op(name="Grayscale", prob=p if kind == "grayscale" else 1.0)
     raise ConfigError(f"{type(t).__name__} is not one of the operations a RandomApply/RandomChoice may hold here")
+
+
+def colour_stages(jitter: Jitter | None, gray: float | None) -> tuple[Stage, ...]:
+    """A ``ColorJitter`` (its ``p`` the stage's) and a ``RandomGrayscale(gray)`` as chain stages, in that order."""
+    stages = []
+    if jitter is not None:
+        stages.append(Stage(p=jitter.p, groups=((Op(name="ColorJitter", jitter=dataclasses.replace(jitter, p=1.0)),),)))
+    if gray:
+        stages.append(Stage(groups=((Op(name="Grayscale", prob=gray),),)))
+    return tuple(stages)
+
+
+def chained(policy: Policy | None, stages: tuple[Stage, ...]) -> Policy:
+    """The chain ``policy`` (None: an empty one) with ``stages`` after its own."""
+    return Policy(library="torchvision", kind="chain", stages=(policy.stages if policy is not None else ()) + tuple(stages))

@@ -86,6 +86,7 @@ class Op:
         translate_const, translate_pct: timm's ``hparams`` for its translations.
         spread: ``(low, high)``: the magnitude is drawn uniformly in it each time (GaussianBlur's sigma).
         kernel: GaussianBlur's ``(kx, ky)`` kernel size.
+        jitter: ``ColorJitter``'s ranges (its ``p`` 1): the operation jitters, its parts in a random order.
     """
 
     name: str
@@ -98,6 +99,7 @@ class Op:
     translate_pct: float = 0.45
     spread: tuple[float, float] | None = None
     kernel: tuple[int, int] | None = None
+    jitter: Jitter | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -123,6 +125,8 @@ class Op:
             if any(v % 2 == 0 for v in k):
                 raise ConfigError(f"policy operation {self.name} kernel must be odd sizes, got {self.kernel!r}")
             object.__setattr__(self, "kernel", k)
+        if self.jitter is not None and (not isinstance(self.jitter, Jitter) or self.jitter.p != 1.0):
+            raise ConfigError(f"policy operation {self.name} jitter must be a fastload.settings.Jitter with p=1, got {self.jitter!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -44,8 +44,8 @@ Training augmentations after the crop become the Augment's ``jitter`` (``ColorJi
 ``RandomApply([ColorJitter], p)``), ``grayscale``, ``trivial`` (``TrivialAugmentWide``),
 ``policy`` (torchvision's and timm's ``RandAugment``/``AutoAugment``; ``RandomApply``,
 ``RandomChoice``, ``RandomOrder`` of colour operations, ``GaussianBlur``, ``RandomSolarize``
-and the like, read by :mod:`fastload.readaug`) and ``erasing`` (torchvision's and timm's
-``RandomErasing`` after the last ``Normalize``), in that order of application.
+and the like, read by :mod:`fastload.readaug`) and ``erasing`` (``RandomErasing`` after the last
+``Normalize``); colour steps in another order than policy, jitter, grayscale: one chain, in order.
 
 Interpolation: ``BILINEAR`` (the default), ``BICUBIC`` and ``LANCZOS`` (or PIL's codes for
 them, as timm passes), kept as ``Augment.interpolation``: PIL's filter on the CPU training
@@ -219,6 +219,23 @@ def _outputs_equal(a: Any, b: Any) -> bool:
     return False
 
 
+def _on_probe(f: Any, seed: int) -> Any:
+    """``f`` called on a 64 x 48 RGB probe image from random state ``seed`` (every generator restored afterwards)."""
+    import random
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    probe = Image.fromarray(np.random.default_rng(7).integers(0, 256, (48, 64, 3), dtype=np.uint8))
+    saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    try:
+        random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
+        return f(probe)
+    finally:
+        random.setstate(saved[0]), np.random.set_state(saved[1]), torch.set_rng_state(saved[2])
+
+
 def _is_wrapper(t: Any, tv: _TV) -> bool:
     """Whether ``t`` is an object that keeps its pipeline in ``.transforms`` and only applies it.
 
@@ -230,27 +247,22 @@ def _is_wrapper(t: Any, tv: _TV) -> bool:
     inner = getattr(t, "transforms", None)
     if tv.kind(t) is not None or type(t) in tv.noop or inner is None or not callable(t) or not callable(inner):
         return False
-    import random
-
-    import numpy as np
-    import torch
-    from PIL import Image
-
-    probe = Image.fromarray(np.random.default_rng(7).integers(0, 256, (48, 64, 3), dtype=np.uint8))
-    saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())
     try:
-        for seed in (0, 1):
-            outs = []
-            for f in (t, inner):
-                random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
-                outs.append(f(probe.copy()))
-            if not _outputs_equal(*outs):
-                return False
-        return True
+        return all(_outputs_equal(_on_probe(t, seed), _on_probe(inner, seed)) for seed in (0, 1))
     except Exception:  # noqa: BLE001 - a wrapper that cannot run on an RGB image is not one we can read
         return False
-    finally:
-        random.setstate(saved[0]), np.random.set_state(saved[1]), torch.set_rng_state(saved[2])
+
+
+def _views(t: Any) -> int:
+    """How many views a multi-view transform (SimCLR's, DINO's multi-crop) returns for a probe image; 0: not one."""
+    from PIL import Image
+
+    try:
+        out = _on_probe(t, 0) if callable(t) else None
+    except Exception:  # noqa: BLE001 - one that cannot run on an RGB image is refused as unknown
+        return 0
+    is_image = lambda x: isinstance(x, Image.Image) or hasattr(x, "shape")  # noqa: E731
+    return len(out) if isinstance(out, (tuple, list)) and len(out) >= 2 and all(is_image(x) for x in out) else 0
 
 
 def _flatten(transform: Any, tv: _TV) -> list[Any]:
@@ -371,6 +383,7 @@ class _State:
         self.policy: tuple[Any, _Step] | None = None  # (fastload.settings.Policy, its step)
         self.crop: int | None = None  # the training crop's side (set before each step)
         self.form: str | None = None  # the geometric form so far (set before each step)
+        self.ordered = False  # jitter and grayscale are stages of the chain policy, in the user's order
 
 
 def _convert_dtype(step: _Step, st: _State, dtype: Any, scale: bool, tv: _TV) -> None:
@@ -573,22 +586,43 @@ def _colour_place(step: _Step, st: _State, what: str) -> None:
         raise step.fail(f"{what} after Normalize acts on normalised values: put it before Normalize (and ToTensor)")
 
 
-def _jitter(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
-    """``ColorJitter``: its ranges, applied to each training crop in a random order (all off: a no-op)."""
-    from .settings import Jitter
-
-    parts = {a: getattr(t, a, None) for a in ("brightness", "contrast", "saturation", "hue")}
-    if all(v is None for v in parts.values()):
-        return
-    _colour_place(step, st, "ColorJitter")
-    if st.jitter is not None:
-        raise step.fail(f"a second ColorJitter (the first is {st.jitter[1].where}); keep one")
-    if st.gray is not None:
-        raise step.fail(f"ColorJitter after RandomGrayscale ({st.gray[1].where}): FastLoader jitters first; swap them")
+def _jitter(step: _Step, t: Any, tv: _TV, st: _State, kind: str, p: float = 1.0) -> None:
+    """``ColorJitter``: its ranges, applied to each training crop in a random order (all off: a no-op);
+    after a grayscale, a second jitter or a chain: a stage of the chain, in the user's order."""
     try:
-        st.jitter = (Jitter(**{k: None if v is None else tuple(float(x) for x in v) for k, v in parts.items()}), step)
+        ranges = readaug.jitter_ranges(t, p=p)
     except ConfigError as e:
         raise step.fail(str(e)) from None
+    if ranges is None:
+        return
+    _colour_place(step, st, "ColorJitter")
+    if st.ordered or st.gray is not None or st.jitter is not None:
+        _fold(step, st, "ColorJitter")
+        _append(step, st, *readaug.colour_stages(ranges, None))
+        return
+    st.jitter = (ranges, step)
+
+
+def _fold(step: _Step, st: _State, what: str) -> None:
+    """The jitter and grayscale so far become chain stages: from here on, one chain in the user's order."""
+    if st.ordered:
+        return
+    if st.trivial is not None or (st.policy is not None and st.policy[0].kind != "chain"):
+        first = st.trivial if st.trivial is not None else st.policy
+        raise step.fail(
+            f"{what} after a colour step, with {first[1].where}: FastLoader runs an auto-augment first, then one "
+            "ColorJitter, then one RandomGrayscale; a chain in another order cannot hold the auto-augment"
+        )
+    stages = readaug.colour_stages(st.jitter and st.jitter[0], st.gray and st.gray[0])
+    st.jitter = st.gray = None
+    st.ordered = True
+    if stages:
+        _append(step, st, *stages)
+
+
+def _append(step: _Step, st: _State, *stages: Any) -> None:
+    """``stages`` after the chain policy's stages (a new chain if there is none)."""
+    st.policy = (readaug.chained(st.policy and st.policy[0], stages), step)
 
 
 def _trivial(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
@@ -639,30 +673,23 @@ def _policy(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
 
 def _chain(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
     """``RandomApply``, ``RandomChoice``, ``RandomOrder`` and torchvision's single operations (``RandomSolarize``, ``GaussianBlur``...)
-    as stages of a chain policy, in the auto-augment place; ``RandomApply([ColorJitter])`` and
-    ``RandomApply([RandomGrayscale])`` become the jitter's and the grayscale's own probability."""
-    import dataclasses
-
-    from .settings import Policy, Stage
+    as stages of a chain policy, in the auto-augment place, or after a jitter or grayscale in the user's
+    order (:func:`_fold`); ``RandomApply([ColorJitter])`` and ``RandomApply([RandomGrayscale])`` become
+    the jitter's and the grayscale's own probability."""
+    from .settings import Stage
 
     inner = list(t.transforms) if kind in ("random_apply", "random_choice", "random_order") else [t]
     if kind == "random_order" and len(inner) > 5:
         raise step.fail(_REFUSAL["random_order"])
     kinds = [tv.kind(x) for x in inner]
     if kind == "random_apply" and kinds in (["jitter"], ["grayscale"], ["gray_fixed"]):
-        before = (st.jitter, st.gray)
-        (_jitter if kinds == ["jitter"] else _grayscale)(step, inner[0], tv, st, kinds[0])
-        p = float(t.p)
-        if kinds == ["jitter"] and st.jitter is not before[0]:
-            st.jitter = (dataclasses.replace(st.jitter[0], p=p), step)
-        elif kinds != ["jitter"] and st.gray is not before[1]:
-            st.gray = (st.gray[0] * p, step)
+        (_jitter if kinds == ["jitter"] else _grayscale)(step, inner[0], tv, st, kinds[0], p=float(t.p))
         return
     what = type(t).__name__
     _colour_place(step, st, what)
-    if st.jitter is not None or st.gray is not None or st.trivial is not None:
-        raise step.fail(f"{what} after a colour step: FastLoader runs it before ColorJitter and RandomGrayscale; move it before them")
-    bad = next((x for x, k in zip(inner, kinds) if k not in readaug.CHAIN_KINDS), None)
+    if st.trivial is not None:
+        raise step.fail(f"{what} after {st.trivial[1].where}: FastLoader runs TrivialAugmentWide alone; remove one")
+    bad = next((x for x, k in zip(inner, kinds) if k not in readaug.CHAIN_KINDS + readaug.CHAIN_EXTRA_KINDS), None)
     if bad is not None:
         raise step.fail(f"it holds {_name(bad)}, which FastLoader cannot run inside it: {_NO_EQUIVALENT}")
     float_pixels = st.tensor and st.dtype != tv.torch.uint8
@@ -679,19 +706,23 @@ def _chain(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
         raise step.fail(str(e)) from None
     if st.policy is not None and st.policy[0].kind != "chain":
         raise step.fail(f"{what} after {st.policy[1].where}: FastLoader runs one auto-augment; keep one")
-    stages = (st.policy[0].stages if st.policy is not None else ()) + (stage,)
-    st.policy = (Policy(library="torchvision", kind="chain", stages=stages), step)
+    if st.jitter is not None or st.gray is not None:
+        _fold(step, st, what)
+    _append(step, st, stage)
 
 
-def _grayscale(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
+def _grayscale(step: _Step, t: Any, tv: _TV, st: _State, kind: str, p: float = 1.0) -> None:
+    """``RandomGrayscale``/``Grayscale(3)``: the grayscale after the jitter, or a chain stage in the user's order."""
     if getattr(t, "num_output_channels", 3) != 3:
         raise step.fail("Grayscale with one output channel: FastLoader batches are RGB; use num_output_channels=3")
-    p = 1.0 if kind == "gray_fixed" else float(getattr(t, "p", 0.1))
+    p = p * (1.0 if kind == "gray_fixed" else float(getattr(t, "p", 0.1)))
     if p == 0:
         return
     _colour_place(step, st, "RandomGrayscale")
-    if st.gray is not None:
-        raise step.fail(f"a second RandomGrayscale (the first is {st.gray[1].where}); keep one")
+    if st.ordered or st.gray is not None:
+        _fold(step, st, "RandomGrayscale")
+        _append(step, st, *readaug.colour_stages(None, p))
+        return
     st.gray = (p, step)
 
 
@@ -714,6 +745,13 @@ def _unknown_step(step: _Step, t: Any, tv: _TV) -> None:
         raise step.fail(
             f"a subclass of torchvision's {parent}, which may change what {parent} does: FastLoader cannot "
             f"know; use {parent} itself, or {_NO_EQUIVALENT}"
+        )
+    views = _views(t)
+    if views:
+        raise step.fail(
+            f"it returns {views} views of each image (a {views}-item tuple or list), and FastLoader batches one view "
+            "per sample: give the dataset one view's transform, and make one loader per view with the same "
+            "sampler= (the same order) and its own seed (its own crops and colours)"
         )
     if getattr(t, "transforms", None) is not None:
         raise step.fail(

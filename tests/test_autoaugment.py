@@ -309,15 +309,19 @@ def test_torchvisions_random_value_is_pixel_noise_and_erasing_settings_are_check
 
 @pytest.mark.gpu
 def test_policies_and_noise_erasing_on_cuda_batches(pixel_dataset):
-    """On CUDA: a planned timm policy gives the CPU path's pixels (the images go to the host for it, within
-    one level after normalisation), and DeiT's transform gives the same batches for the same seed."""
+    """On CUDA: a planned timm policy runs on the device (torchvision's tensor functions; timm's affine
+    operations on the host) and gives the device path's pixels on CPU tensors (within one level), the PIL
+    path's within tests/test_device_ops.py's tolerance; DeiT's transform gives the same batches for the
+    same seed."""
     with FastLoader(pixel_dataset.packed, 24, device="cpu", crop=24, seed=4, flip=0.0, mean=None, std=None) as b:
         u8, _ = next(iter(b))
     pol = translate(T.Compose([T.RandomResizedCrop(24), _timm_policy("rand-m9-mstd0.5-inc1", 24), T.PILToTensor()])).policy
     plans = plan(pol, seed=2, epoch=0, positions=np.arange(24))
-    want = run_policy(u8.clone(), plans, library="timm", mean=None, std=None, fill=pol.fill)
+    want = run_policy(u8.clone(), plans, library="timm", mean=None, std=None, fill=pol.fill, on_device=True)
+    pil = run_policy(u8.clone(), plans, library="timm", mean=None, std=None, fill=pol.fill)
     got = run_policy(u8.clone().cuda(), plans, library="timm", mean=None, std=None, fill=pol.fill)
-    assert got.is_cuda and torch.equal(got.cpu(), want)
+    assert got.is_cuda and (got.cpu().int() - want.int()).abs().max() <= 1
+    assert (got.cpu().double() - pil.double()).abs().mean() < 1.5
     tf = T.Compose([T.RandomResizedCrop(24), _timm_policy("rand-m9-mstd0.5-inc1", 24), T.ToTensor(),
                     T.Normalize(MEAN, STD), TimmErasing(0.5, mode="pixel", device="cpu")])  # fmt: skip
     runs = []

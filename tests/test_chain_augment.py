@@ -163,12 +163,12 @@ def test_three_augment_runs_through_the_loader_seeded(pixel_dataset):
     [
         ([T.RandomOrder([T.RandomInvert()] * 6)], "RandomOrder of more than 5"),
         ([T.RandomApply([T.RandomRotation(10)])], "cannot run inside it"),
-        ([T.ColorJitter(0.4), T.RandomApply([T.GaussianBlur(3)])], "before ColorJitter"),
+        ([T.TrivialAugmentWide(), T.ColorJitter(0.4), T.RandomApply([T.GaussianBlur(3)])], "TrivialAugmentWide alone"),
         ([T.RandomChoice([T.Grayscale(1)])], "one output channel"),
         ([T.Grayscale(1)], "one output channel"),
         ([T.RandAugment(), T.GaussianBlur(3)], "one auto-augment"),
     ],
-    ids=["order", "rotation-inside", "after-jitter", "one-channel-inside", "one-channel", "after-randaugment"],
+    ids=["order", "rotation-inside", "trivial-jitter-blur", "one-channel-inside", "one-channel", "after-randaugment"],
 )
 def test_chains_fastload_cannot_run_are_refused_naming_the_step(steps, message):
     with pytest.raises(ConfigError, match=message) as e:
