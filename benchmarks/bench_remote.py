@@ -100,8 +100,32 @@ def dir_bytes(root: Path) -> int:
     return total
 
 
-def run_case(spec: dict, args: argparse.Namespace, cache: Path | None) -> dict:
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` and its children so far (0 without psutil)."""
+    if pid is None:
+        return 0.0
+    try:
+        import psutil
+    except ImportError:
+        return 0.0
+    total = 0.0
+    try:
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.Error:
+        return 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def run_case(spec: dict, args: argparse.Namespace, cache: Path | None, server_pid: int | None = None) -> dict:
     cmd = [sys.executable, __file__, "--child", json.dumps(spec), "--batch", str(args.batch)]
+    server_cpu = cpu_seconds(server_pid)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     peak = 0
@@ -114,6 +138,7 @@ def run_case(spec: dict, args: argparse.Namespace, cache: Path | None) -> dict:
         raise SystemExit(f"{spec['case']} failed: {err[-3000:]}")
     res = json.loads(out.strip().splitlines()[-1])
     res["peak_cache_bytes"] = peak
+    res["server_cpu_s"] = cpu_seconds(server_pid) - server_cpu  # the S3 server's share of the machine during the case
     return res
 
 
@@ -163,7 +188,7 @@ def main() -> None:
                         spec["order"] = "block"
                     if case.endswith("sequential"):
                         spec["shuffle"] = False
-                    res = run_case(spec, args, None if case == "local" else cache)
+                    res = run_case(spec, args, None if case == "local" else cache, server.proc.pid if server.proc else None)
                     results[case].append(res)
                     log.info("repeat %d %s: %s", r, case, json.dumps(res))
                     shutil.rmtree(cache, ignore_errors=True)
@@ -194,9 +219,11 @@ def write(args: argparse.Namespace, results: dict, total: int) -> None:
         "train=True (RandomResizedCrop 224, flip, normalize), global shuffle unless said.",
         f"- {args.repeats} repeats, cases taking turns, each in its own process; median (min–max).",
         "- epoch 1 of `local` is page-cache warm (the files were just written and read); its epoch 2 is the reference.",
+        "- `S3 server CPU s`: CPU time the SeaweedFS process (on the same cores as the loader) used during the case's two "
+        "epochs: what a remote server would not take from decoding.",
         "",
-        "| case | open s | first batch s | epoch 1 images/s | vs warm local | epoch 2 images/s | vs warm local | downloaded / dataset | peak cache MB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| case | open s | first batch s | epoch 1 images/s | vs warm local | epoch 2 images/s | vs warm local | downloaded / dataset | peak cache MB | S3 server CPU s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for case in results:
         rs = results[case]
@@ -207,7 +234,8 @@ def write(args: argparse.Namespace, results: dict, total: int) -> None:
             f"| {case} | {_med([r['open_s'] for r in rs], '{:.2f}')} | {_med([r['epochs'][0]['first_batch_s'] for r in rs], '{:.2f}')} "
             f"| {_med(e1)} | {statistics.median(e1) / warm:.2f}× | {_med(e2)} | {statistics.median(e2) / warm:.2f}× | "
             f"{'' if case == 'local' else _med(dl, '{:.2f}')} | "
-            f"{'' if case == 'local' else _med([r['peak_cache_bytes'] / 1e6 for r in rs])} |"
+            f"{'' if case == 'local' else _med([r['peak_cache_bytes'] / 1e6 for r in rs])} | "
+            f"{'' if case == 'local' else _med([r.get('server_cpu_s', 0.0) for r in rs], '{:.1f}')} |"
         )
     (args.out / args.name).write_text("\n".join(lines) + "\n")
     log.info("\n".join(lines))
