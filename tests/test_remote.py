@@ -31,14 +31,6 @@ N_CLASSES, PER_CLASS = 3, 8  # 24 images, one per 4 KB shard: 24 shards
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    server = SeaweedServer(tmp_path_factory.mktemp("weed"))
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def images(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("images")
     i = 0

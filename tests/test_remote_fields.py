@@ -38,14 +38,6 @@ class Captioned:
         }
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    server = SeaweedServer(tmp_path_factory.mktemp("weed"))
-    server.start()
-    yield server
-    server.stop()
-
-
 def test_a_dataset_with_fields_reads_the_same_from_a_bucket(s3, tmp_path, monkeypatch):
     monkeypatch.setenv("FASTLOAD_CACHE", str(tmp_path / "cache"))
     local = tmp_path / "local"

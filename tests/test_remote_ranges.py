@@ -48,14 +48,6 @@ def make_images(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    server = SeaweedServer(tmp_path_factory.mktemp("weed"))
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def images(tmp_path_factory) -> Path:
     return make_images(tmp_path_factory.mktemp("images"))
 
