@@ -310,6 +310,8 @@ class Core:
         jobs: dict[int, Any] = {}
         if self.closed or self.decode_pool is None or self.decode_pool_pid != os.getpid():
             return jobs  # no pool (closed, images too small to need one, another process): full scale
+        if self.interpolation == "nearest":
+            return jobs  # a reduced-scale decode averages pixels, where nearest neighbour must pick them
         scales = reduced_scales(boxes, widths, heights, crop=self.crop)
         scales[list(failed)] = 1  # unreadable: a placeholder already, its error raised at its turn
         big = np.flatnonzero(scales > 1).tolist()

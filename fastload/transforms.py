@@ -47,12 +47,12 @@ Training augmentations after the crop become the Augment's ``jitter`` (``ColorJi
 and the like, read by :mod:`fastload.readaug`) and ``erasing`` (``RandomErasing`` after the last
 ``Normalize``); colour steps in another order than policy, jitter, grayscale: one chain, in order.
 
-Interpolation: ``BILINEAR`` (the default), ``BICUBIC`` and ``LANCZOS`` (or PIL's codes for
-them, as timm passes), kept as ``Augment.interpolation``: PIL's filter on the CPU training
-path, DALI's antialiased ``INTERP_LINEAR``/``CUBIC``/``LANCZOS3`` resize elsewhere (within
-one level of torchvision's PIL path in evaluation, two in training, measured). NEAREST is
-refused (DALI's nearest neighbour picks other source pixels than PIL's: up to 52 levels
-apart), and so are BOX, HAMMING and NEAREST_EXACT. ``antialias=False`` (or
+Interpolation: ``NEAREST``, ``BILINEAR`` (the default), ``BICUBIC`` and ``LANCZOS`` (or PIL's
+codes for them, as timm passes), kept as ``Augment.interpolation``: PIL's filter on the CPU
+training path, DALI's ``INTERP_NN`` and antialiased ``INTERP_LINEAR``/``CUBIC``/``LANCZOS3``
+resize elsewhere (nearest: the same pixels as torchvision's; the others within one level of
+torchvision's PIL path in evaluation, two in training, measured). BOX, HAMMING and
+NEAREST_EXACT are refused. ``antialias=False`` (or
 None) is refused where torchvision honours it, on a tensor; on a PIL image torchvision
 ignores it (PIL always antialiases), so it is accepted there.
 """
@@ -325,11 +325,10 @@ def _interpolation(step: _Step, t: Any, tv: _TV, tensor: bool) -> str:
         name = _PIL_CODES.get(int(mode), str(mode))
     else:
         name = repr(mode)
-    if name not in ("bilinear", "bicubic", "lanczos"):
+    if name not in ("nearest", "bilinear", "bicubic", "lanczos"):
         raise step.fail(
-            f"interpolation {name.upper()} is not one FastLoader resizes with as torchvision does (BILINEAR, BICUBIC, "
-            "LANCZOS: PIL's filter on the CPU, DALI's on the GPU; DALI's NEAREST picks other pixels than PIL's); "
-            "use one of those"
+            f"interpolation {name.upper()} is not one FastLoader resizes with as torchvision does (NEAREST, BILINEAR, "
+            "BICUBIC, LANCZOS: PIL's filter on the CPU, DALI's on the GPU); use one of those"
         )
     if tensor and name != "nearest" and getattr(t, "antialias", True) is not True:
         raise step.fail(

@@ -15,6 +15,7 @@ from fastload import Augment, ConfigError, FastLoader, LoaderError
 tv = pytest.importorskip("torchvision")
 from torchvision import transforms as T  # noqa: E402
 from torchvision.datasets import ImageFolder  # noqa: E402
+from PIL import Image  # noqa: E402
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -220,6 +221,45 @@ def position_folder(tmp_path_factory):
     return root
 
 
+def test_nearest_picks_torchvisions_pixels_but_on_exact_ties(position_folder, tmp_path):
+    """Defect: NEAREST was refused. Oracle: torchvision on the same images, and the tie rule worked out here.
+
+    Training on the CPU (PIL's resize of the crop): every pixel torchvision's. Evaluation (DALI's
+    ``INTERP_NN``, as on the GPU): torchvision's pixel everywhere but in the rows and columns whose
+    source coordinate ``(i + 0.5) * in / out`` is a whole number, where float32 rounding may pick the
+    neighbour PIL's double precision does not (measured: the 96x64 image at 72x48, a 4/3 scale).
+    """
+    from torchvision.transforms import InterpolationMode
+
+    nn = InterpolationMode.NEAREST
+    train = ImageFolder(str(position_folder), transform=T.Compose(
+        [T.RandomResizedCrop(32, scale=(1, 1), ratio=(1, 1), interpolation=nn), T.PILToTensor()]))  # fmt: skip
+    evaluation = ImageFolder(str(position_folder), transform=T.Compose(
+        [T.Resize(48, interpolation=nn), T.CenterCrop(40), T.PILToTensor()]))  # fmt: skip
+    with FastLoader(train, 4, device="cpu", progress=False, cache_dir=tmp_path / "c") as ld:
+        assert ld.augment.interpolation == "nearest"
+        assert torch.equal(next(iter(ld))[0], torch.stack([train[i][0] for i in range(len(train))]))
+    with FastLoader(evaluation, 4, device="cpu", progress=False, cache_dir=tmp_path / "c") as ld:
+        got = next(iter(ld))[0]
+    ties_seen = 0
+    for i, (path, _) in enumerate(evaluation.samples):
+        w, h = Image.open(path).size
+        short, long_ = min(w, h), max(w, h)
+        out_long = int(48 * long_ / short)
+        ow, oh = (48, out_long) if w <= h else (out_long, 48)
+        top, left = int(round((oh - 40) / 2.0)), int(round((ow - 40) / 2.0))
+
+        def ties(n_in: int, n_out: int, offset: int) -> set[int]:
+            return {j - offset for j in range(n_out) if abs((j + 0.5) * n_in / n_out - round((j + 0.5) * n_in / n_out)) < 1e-9}
+
+        rows, cols = ties(h, oh, top), ties(w, ow, left)
+        differ = (got[i].int() - evaluation[i][0].int()).abs().amax(0) > 0
+        bad = [(r, c) for r, c in differ.nonzero().tolist() if r not in rows and c not in cols]
+        assert not bad, (path, bad[:5])
+        ties_seen += bool(differ.any())
+    assert ties_seen >= 1  # the fixture holds an image with ties, so the rule above is exercised
+
+
 @pytest.mark.parametrize("mode", ["bilinear", "bicubic", "lanczos"])
 def test_each_interpolation_matches_torchvision_per_pixel(position_folder, tmp_path, mode):
     """Defect: DeiT's and timm's bicubic (and Lanczos) were refused. Oracle: torchvision on the same images.
@@ -283,8 +323,8 @@ def test_interpolation_as_a_flat_keyword_and_its_refusals(pixel_dataset):
     with FastLoader(pixel_dataset.packed, 4, device="cpu", crop=16, interpolation="bicubic") as ld:
         assert ld.augment.interpolation == "bicubic" and ld.dataset.settings["interpolation"] == "bicubic"
         next(iter(ld))
-    with pytest.raises(ConfigError, match="interpolation must be one of 'bilinear', 'bicubic', 'lanczos', got 'nearest'"):
-        FastLoader(pixel_dataset.packed, 4, device="cpu", interpolation="nearest")
+    with pytest.raises(ConfigError, match="interpolation must be one of 'nearest', 'bilinear', 'bicubic', 'lanczos', got 'box'"):
+        FastLoader(pixel_dataset.packed, 4, device="cpu", interpolation="box")
 
 
 # ----------------------------------------------------------------------------- RandomErasing
