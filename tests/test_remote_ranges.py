@@ -242,3 +242,57 @@ def test_dataloader_workers_read_the_same_bytes_and_forked_ones_fail_at_once(s3,
         list(forked)
     assert time.monotonic() - t < 60
     assert ds[81] == local[81]  # the parent still reads correct bytes
+
+
+# ------------------------------------------------------------------ fetch="shards": reading while downloading
+def test_a_cold_loader_reads_records_by_range_while_their_shards_download_once(s3, remote, tmp_path):
+    """A batch that needs a shard not yet in the cache does not wait for all of it: the download runs
+    in a thread, the records needed first come by range requests into the same file, and once the
+    download's SHA-256 matches the shard is the cache's. Batches bit-identical to a local copy."""
+    from s3server import Proxy
+
+    kw = dict(device="cpu", crop=32, seed=2, train=True, shuffle=True)
+    with FastLoader(remote["local"], 8, **kw) as ref_loader:
+        ref = [(x.clone(), y.clone()) for x, y in ref_loader]
+    proxy = Proxy("127.0.0.1", s3.ports["s3"], delay=0.05)
+    try:
+        with FastLoader(remote["url"], 8, storage_options=s3.options(proxy.endpoint), cache_dir=tmp_path / "c", **kw) as a:
+            got = [(x.clone(), y.clone()) for x, y in a]
+            root, shards = a.packed.path, a.packed.manifest.shards
+    finally:
+        proxy.close()
+    assert len(got) == len(ref) and all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(got, ref))
+    gets = [(r.rsplit("/", 1)[1], rng) for r, rng in zip(proxy.requests, proxy.ranges) if r.startswith("GET ") and "/shard-" in r]
+    whole = sorted(name for name, rng in gets if rng is None)
+    assert whole == sorted(s.file for s in shards)  # each shard downloaded whole exactly once
+    assert any(rng is not None for _, rng in gets)  # and records read by range before their download finished
+    assert sorted(p.name for p in root.glob("shard-*")) == sorted(s.file for s in shards)  # all in the cache, no .part left
+
+
+def test_a_shard_altered_in_the_store_is_never_served_while_it_downloads(s3, images, tmp_path, monkeypatch):
+    """One payload byte of a shard flipped in the store (same size): the loader, which reads while the
+    shard downloads, reports the sample (its checksum) or the shard (its SHA-256), never its pixels."""
+    from fastload.errors import LoaderError
+
+    monkeypatch.setenv("FASTLOAD_CACHE", str(tmp_path / "pack"))
+    bucket = s3.make_bucket()
+    url = f"s3://{bucket}/t"
+    fastload.pack(images, url, shard_size=SHARD_SIZE, storage_options=s3.options(), progress=False)
+    local = tmp_path / "local"
+    fastload.pack(images, local, shard_size=SHARD_SIZE, progress=False)
+    ds = fastload.Dataset(local)
+    k = 1
+    name = ds.manifest.shards[k].file
+    first = ds.manifest.shards[k].first
+    _, off, n = ds.locate(first)
+    st = s3.store(bucket)
+    good = bytes(obstore.get(st, f"t/{name}").bytes())
+    bad = bytearray(good)
+    bad[off + n - 100] ^= 0xFF  # inside the first record's JPEG payload
+    obstore.put(st, f"t/{name}", bytes(bad))
+    with FastLoader(url, 4, device="cpu", crop=32, train=False, shuffle=False, storage_options=s3.options(),
+                    cache_dir=tmp_path / "c") as loader:  # fmt: skip
+        with pytest.raises(LoaderError, match=rf"sample {first} |{name}: shard {k}: SHA-256"):
+            for _ in loader:
+                pass
+    assert not [p for p in (tmp_path / "c").rglob(name) if p.name == name]  # the altered shard never entered the cache
