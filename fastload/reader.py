@@ -258,25 +258,13 @@ class Dataset:
             return f
         shard = self.manifest.shards[k]
         fpath, filler = str(self.path / shard.file), None
-        for attempt in (1, 2):
-            if self.remote is not None:  # in the node cache, verified, pinned while open (or a download in progress, a sparse copy)
-                fpath, filler = str(self.remote.acquire(k, progressive=self.check)), self.remote.filler(k)
-            try:
-                f = self._open_shard(fpath, shard, filler)
-                break
-            except FileNotFoundError:
-                if self.remote is None or attempt == 2:  # a download in progress may just have been renamed into place
-                    raise FormatError(f"{fpath}: shard file is missing; the dataset is incomplete") from None
-        self._files[k] = f
-        return f
-
-    def _open_shard(self, fpath: str, shard: ShardInfo, filler: Any) -> ShardFile:
-        """The shard file at ``fpath``, checked (FileNotFoundError passes through)."""
+        if self.remote is not None:  # downloaded into the node cache, verified, pinned while open (or a sparse copy)
+            fpath, filler = str(self.remote.acquire(k)), self.remote.filler(k)
         # Only a regular file inside the dataset directory is opened (a FIFO or a device would hang).
         try:
             st = stat_regular(fpath, within=self.path)
         except FileNotFoundError:
-            raise
+            raise FormatError(f"{fpath}: shard file is missing; the dataset is incomplete") from None
         except OSError as e:
             raise FormatError(f"{fpath}: shard file {file_problem(e)}; run `fastload verify {self.path}`") from None
         if st.st_size != shard.bytes:
@@ -286,13 +274,13 @@ class Dataset:
             )
         try:
             ident = file_identity(st) if filler is None else (st.st_ino, st.st_size, 0)  # a sparse copy: its mtime moves
-            return open_shard_file(fpath, ident, first=shard.first, count=shard.count, filler=filler)
+            f = open_shard_file(fpath, ident, first=shard.first, count=shard.count, filler=filler)
         except DamagedShardError as e:
             raise CorruptDataError(f"{e}; run `fastload verify {self.path}`") from None
-        except FileNotFoundError:
-            raise
         except OSError as e:
             raise FormatError(f"{fpath}: cannot open shard: it {file_problem(e)}") from None
+        self._files[k] = f
+        return f
 
     def _release(self, k: int) -> None:
         """Close shard ``k`` and unpin it in the node cache (a URL's dataset: the epoch no longer needs it soon)."""

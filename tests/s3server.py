@@ -183,7 +183,6 @@ class Proxy:
         self.drop_after = 64
         self.dropped = 0
         self.requests: list[str] = []  # "METHOD /path" of each HTTP request seen, in order
-        self.ranges: list[str | None] = []  # each request's Range header ("bytes=a-b"), None without one
         self._sock = socket.socket()
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
@@ -222,11 +221,8 @@ class Proxy:
                     data = c.recv(65536)
                     if not data:
                         break
-                    lines = data[:8192].split(b"\r\n\r\n", 1)[0].decode("latin-1", "replace").split("\r\n")
-                    head = lines[0].split(" ")
+                    head = data[:300].split(b"\r\n", 1)[0].decode("latin-1", "replace").split(" ")
                     if len(head) == 3 and head[2].startswith("HTTP/"):
-                        rng = [ln.split(":", 1)[1].strip() for ln in lines[1:] if ln.lower().startswith("range:")]
-                        self.ranges.append(rng[0] if rng else None)
                         self.requests.append(f"{head[0]} {head[1].split('?')[0]}")
                     if self.delay:
                         time.sleep(self.delay)

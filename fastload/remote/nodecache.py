@@ -34,7 +34,6 @@ import math
 import os
 import re
 import threading
-import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -192,7 +191,6 @@ class RemoteShards:
         self._pid = os.getpid()
         self.downloads = 0  # shards this process downloaded
         self._fillers: dict[int, Any] = {}  # fetch="records": shard -> its RangeFiller (sparse file open)
-        self._progress: dict[int, tuple[Path, Any]] = {}  # shards downloading while read: (.part file, its RangeFiller)
         self._range_pool: Any = None
         self._range_pool_pid = 0
         self._range_bytes_done = 0  # bytes brought by range requests into copies since released
@@ -285,14 +283,9 @@ class RemoteShards:
         except FileNotFoundError:
             return False
 
-    def acquire(self, k: int, *, progressive: bool = False) -> Path:
+    def acquire(self, k: int) -> Path:
         """Shard ``k``'s local, verified file, downloaded first if needed, and pinned (not deleted)
         until :meth:`release`. Safe from many threads and processes.
-
-        With ``progressive`` (a reader that checks every record's checksum), a shard this process
-        must download is not waited for: the path returned is its download in progress, and
-        :meth:`filler` the :class:`~fastload.store.Filler` that has the records read before the
-        download reaches them fetched by range requests (:meth:`_start_progressive`).
 
         Raises:
             CorruptDataError: its bytes differ from the manifest's hash, twice.
@@ -304,8 +297,6 @@ class RemoteShards:
         with self._klocks[k]:
             if k in self._pins:
                 return path
-            if k in self._progress:
-                return self._progress[k][0]
             if k in self._bad:
                 raise self._bad[k]
             fl = _Flock(lockpath)
@@ -317,9 +308,6 @@ class RemoteShards:
                         return path
                     fl.lock(fcntl.LOCK_EX)  # another rank may be downloading it: wait for it
                     if not self._present(k):
-                        part = self._start_progressive(k, fl) if progressive else None
-                        if part is not None:
-                            return part
                         try:
                             self._download(k, urgent=True)
                         except (CorruptDataError, RemoteError) as e:
@@ -353,6 +341,8 @@ class RemoteShards:
 
     def _acquire_sparse(self, k: int) -> Path:
         """This process's sparse copy of shard ``k`` (made if needed), filled by range requests."""
+        from concurrent.futures import ThreadPoolExecutor
+
         from .ranges import SparseShard
 
         path = self._sparse_path(k)
@@ -375,100 +365,17 @@ class RemoteShards:
             except (CorruptDataError, FormatError, RemoteError) as e:
                 self._bad[k] = e
                 raise
-            self._fillers[k] = SparseShard(path, self.remote, shard.file, shard.bytes, meta["e_tag"] or None, self._range_pool_here())
+            with self._mutex:
+                if self._range_pool is None or self._range_pool_pid != os.getpid():
+                    self._range_pool = ThreadPoolExecutor(RANGE_THREADS, thread_name_prefix="fastload-range")
+                    self._range_pool_pid = os.getpid()
+            self._fillers[k] = SparseShard(path, self.remote, shard.file, shard.bytes, meta["e_tag"] or None, self._range_pool)
             return path
 
     def filler(self, k: int) -> Any:
-        """Shard ``k``'s :class:`~fastload.store.Filler` (``fetch="records"``, or a download in progress,
-        after :meth:`acquire`), else None."""
+        """Shard ``k``'s :class:`~fastload.store.Filler` (``fetch="records"``, after :meth:`acquire`), else None."""
         f = self._fillers.get(k)
-        if f is not None:
-            return f.filler
-        p = self._progress.get(k)
-        return None if p is None else p[1]
-
-    # ------------------------------------------------------------------ reading while downloading
-    def _range_pool_here(self) -> Any:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with self._mutex:
-            if self._range_pool is None or self._range_pool_pid != os.getpid():
-                self._range_pool = ThreadPoolExecutor(RANGE_THREADS, thread_name_prefix="fastload-range")
-                self._range_pool_pid = os.getpid()
-            return self._range_pool
-
-    def _start_progressive(self, k: int, fl: _Flock) -> Path | None:
-        """Start downloading shard ``k`` (its exclusive lock ``fl`` held) into its ``.part`` file in a
-        thread, and return that file: a reader opens it at once, the records it needs before the
-        download reaches them fetched by range requests into it. Once the download's SHA-256
-        matches it is renamed into place and pinned, as a download waited for would be; if it does
-        not, twice, every later read of the shard raises. None if no thread could be started (the
-        caller then downloads it in its own thread)."""
-        from .ranges import RangeFiller
-
-        shard = self.manifest.shards[k]  # type: ignore[union-attr]
-        path, _ = self._paths(k)
-        part = path.with_name(f"{path.name}.part-{os.getpid()}-{threading.get_ident()}")
-        self._make_room(k, shard.bytes, part, urgent=True)
-        fd = os.open(part, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-        filler = RangeFiller(self.remote, shard.file, fd, shard.bytes, None, self._range_pool_here())
-        filler.keep = True
-        weakref.finalize(filler, os.close, fd)
-        self._progress[k] = (part, filler)
-        t = threading.Thread(target=self._finish_progressive, args=(k, part, filler, fl, fd), name="fastload-remote-shard",
-                             daemon=True)  # fmt: skip
-        try:
-            t.start()
-        except RuntimeError:  # no thread to be had (a pids limit): download it here, waited for
-            self._progress.pop(k, None)
-            part.unlink(missing_ok=True)
-            return None
-        return part
-
-    def _finish_progressive(self, k: int, part: Path, filler: Any, fl: _Flock, fd: int) -> None:
-        shard = self.manifest.shards[k]  # type: ignore[union-attr]
-        path, _ = self._paths(k)
-        err: BaseException | None = None
-        try:
-            for attempt in (1, 2):
-                h = hashlib.sha256()
-
-                def progress(chunk: Any, end: int, h: Any = h) -> None:
-                    h.update(chunk)
-                    filler.mark_written(end)
-
-                self.remote.stream_into(shard.file, fd, shard.bytes, progress=progress)
-                if h.hexdigest() == shard.sha256:
-                    break
-                log.warning("%s: SHA-256 differs from the manifest (try %d of 2)", self.url.child(shard.file), attempt)
-            else:
-                err = CorruptDataError(
-                    f"{self.url.child(shard.file)}: shard {k}: SHA-256 of the downloaded bytes differs from the manifest, "
-                    "twice; the object was altered after packing (records read from it had their checksums checked): "
-                    "pack the dataset again"
-                )
-        except Exception as e:  # noqa: BLE001 - handed to the readers of the shard
-            err = e
-        # fd stays open while the filler lives (closed with it): a range request still in flight writes into it
-        with self._klocks[k]:  # renamed under the lock: acquire() never hands out a .part that is gone
-            self._progress.pop(k, None)
-            if err is None:
-                try:
-                    os.replace(part, path)
-                except OSError as e:
-                    err = e
-            if err is None:
-                filler.finish()
-                self.downloads += 1
-                with open(self.root / ".downloads", "a") as f:  # type: ignore[operator]
-                    f.write(f"{shard.file} {os.getpid()}\n")
-                fl.lock(fcntl.LOCK_SH)  # from downloading it to using it: pinned until released
-                self._pins[k] = fl
-                return
-            self._bad[k] = err
-        filler.fail(err)
-        part.unlink(missing_ok=True)
-        fl.close()
+        return None if f is None else f.filler
 
     def pinned(self) -> list[int]:
         return sorted(self._pins)

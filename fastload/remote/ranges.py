@@ -80,10 +80,6 @@ class RangeFiller:
         self._cond = threading.Condition()
         self._pid = os.getpid()
         self._error: BaseException | None = None
-        #: a shard being downloaded whole at the same time (``fetch="shards"``, a reader waiting): its
-        #: pages are never dropped, and once the download is verified every fill is a no-op
-        self.keep = False
-        self.complete = False
         self.requests = 0  # range requests made
         self.fetched = 0  # bytes they brought
         self.resident = 0  # bytes of the file filled now
@@ -116,12 +112,10 @@ class RangeFiller:
         start, end = p0 * PAGE, min(p1 * PAGE, self.size)
         try:
             data = self.remote.get_range(self.name, start, end, e_tag=self.e_tag)
-            if self.keep:  # a download streams into this file too: never written once it is finished
-                with self._cond:
-                    if not self.complete:
-                        self._write(data, start)
-            else:
-                self._write(data, start)
+            view = memoryview(data)
+            done = 0
+            while done < len(view):
+                done += os.pwrite(self.fd, view[done:], start + done)
         except BaseException as e:  # noqa: BLE001 - handed to the reader that waits for these pages
             with self._cond:
                 self._state[p0:p1] = _MISSING
@@ -136,18 +130,6 @@ class RangeFiller:
             self.resident += end - start
             self._cond.notify_all()
 
-    def _write(self, data: Any, start: int) -> None:
-        view, done = memoryview(data), 0
-        while done < len(view):
-            done += os.pwrite(self.fd, view[done:], start + done)
-
-    def finish(self) -> None:
-        """The whole object is in the file, verified: nothing is fetched or written from now on."""
-        with self._cond:
-            self.complete = True
-            self._state[:] = _HERE
-            self._cond.notify_all()
-
     def fill(self, ranges: Sequence[tuple[int, int]], *, wait: bool) -> None:
         """Have ``ranges`` (``(offset, length)``) in the file: fetched in the pool, and with ``wait``
         waited for (the missing ones among them fetched in this thread if the pool is busy).
@@ -156,8 +138,6 @@ class RangeFiller:
             RemoteError: the store did not answer within the deadline, or refused.
             CorruptDataError: the object changed since the shard was opened.
         """
-        if self.complete:
-            return
         forked = self._forked()  # a forked child (a DataLoader worker): no pool there, nothing read ahead
         if forked and not wait:
             return
@@ -179,20 +159,6 @@ class RangeFiller:
                     return
                 self._cond.wait(1.0)
 
-    def mark_written(self, end: int) -> None:
-        """The file holds the object's bytes ``0 .. end`` (a whole download streaming into it): those
-        pages are here, and whoever waits for them goes on."""
-        with self._cond:
-            whole = end // PAGE if end < self.size else len(self._state)
-            self._state[:whole] = _HERE
-            self._cond.notify_all()
-
-    def fail(self, error: BaseException) -> None:
-        """Every later :meth:`fill` raises ``error`` (the shard's download failed its hash)."""
-        with self._cond:
-            self._error = error
-            self._cond.notify_all()
-
     def _forked(self) -> bool:
         """True in a child forked from the process that made this: its own lock from now on (the
         parent's may have been held by a thread that does not exist here)."""
@@ -212,7 +178,7 @@ class RangeFiller:
     def drop(self, ranges: Sequence[tuple[int, int]]) -> None:
         """Free the whole pages inside ``ranges`` (records already read) that are in the file. Not in
         a forked child: the file is its parent's, whose reads must not find holes."""
-        if self.keep or self._forked():
+        if self._forked():
             return
         with self._cond:
             for off, n in ranges:

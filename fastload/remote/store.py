@@ -243,34 +243,6 @@ class RemoteStore:
 
         return self.call("GET", name, run)
 
-    def stream_into(self, name: str, fd: int, size: int, *, progress: Callable[[Any, int], None]) -> None:
-        """Write object ``name`` (``size`` bytes) into the open file ``fd`` from its start with ``pwrite``,
-        calling ``progress(chunk, end)`` after each chunk is in the file (``end``: bytes written so
-        far); a broken transfer goes on from where it stopped, within the deadline."""
-        obstore = _obstore()
-        done = [0]
-
-        def run(st: Any) -> None:
-            if done[0] >= size and size > 0:
-                return
-            opts = {"range": (done[0], size)} if done[0] else None
-            r = obstore.get(st, self.url.key(name), options=opts)
-            if not done[0] and r.meta["size"] != size:
-                raise FormatError(
-                    f"{self.url.child(name)}: {r.meta['size']} bytes, the manifest says {size}; "
-                    "the dataset in the store was altered or is being replaced"
-                )
-            for chunk in r.stream(min_chunk_size=256 << 10):
-                view, n = memoryview(chunk), 0
-                while n < len(view):
-                    n += os.pwrite(fd, view[n:], done[0] + n)
-                done[0] += len(view)
-                progress(chunk, done[0])
-            if done[0] != size:
-                raise OSError(f"transfer ended after {done[0]} of {size} bytes")
-
-        self.call("GET", name, run)
-
     def download(self, name: str, dest: Path, size: int, *, progress: Callable[[Any], None] | None = None) -> None:
         """Write object ``name`` (``size`` bytes) into the file ``dest`` from its start, handing each
         chunk to ``progress`` (a hash's ``update``); a broken transfer goes on from where it stopped
