@@ -22,6 +22,10 @@ jobs="${MUTATION_JOBS:-$(nproc)}"
 # MUTATION_SKIP="tests/test_oracles_*": leave the map's entries matching these globs out (to measure the
 # score without some tests, e.g. before they were written)
 skip="${MUTATION_SKIP:-}"
+# MUTATION_TIMEOUT_MULTIPLIER=15: mutmut's timeout_multiplier for this run (pyproject's otherwise). On a machine whose
+# load average is several times its cores a mutant's tests can take longer than (their time + 15 s) x 5 of wall
+# clock; mutmut then stops them and reports a timeout, or "segfault" (SIGKILL), that no test caused.
+tmult="${MUTATION_TIMEOUT_MULTIPLIER:-}"
 
 # module -> the fast tests that cover it (files or node ids; no subprocess-only tests: a child process
 # imports the unmutated package, so it can never kill a mutant).
@@ -133,6 +137,7 @@ for m in "${mods[@]}"; do
         [ $keep = 1 ] && sel+=("$t")
     done
     "$py" scripts/mutation_report.py config pyproject.toml "$m" "${sel[@]}" > "$work/pyproject.toml"
+    [ -z "$tmult" ] || sed -i "s/^timeout_multiplier = .*/timeout_multiplier = $tmult/" "$work/pyproject.toml"
     start=$(date +%s)
     ( cd "$work" && OMP_NUM_THREADS=1 "$mutmut" run --max-children "$jobs" > mutmut.log 2>&1 ) \
         || echo "   mutmut exited $? (see $work/mutmut.log)"
