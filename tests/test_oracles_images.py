@@ -142,3 +142,34 @@ def test_sizes_that_do_not_divide_by_the_dct_scale(src, want_size, tol, orientat
     assert (header.width, header.height) == size and (header.orig_width, header.orig_height) == (w, h)
     assert header.flags & FLAG_RESIZED
     assert mean_diff(got, oracle(raw, size)) <= tol
+
+
+def _encoded(fmt: str) -> bytes:
+    b = io.BytesIO()
+    Image.fromarray(np.full((40, 60, 3), 90, np.uint8)).save(b, fmt)
+    return b.getvalue()
+
+
+def _refused_bytes():
+    jpg, png = _encoded("JPEG"), _encoded("PNG")
+    i = png.index(b"IDAT") + 8  # the compressed pixels, scrambled: a zlib error, not a short file
+    scrambled = png[:i] + bytes(b ^ 0x55 for b in png[i : i + 20]) + png[i + 20 :]
+    return [
+        (b"", "zero-byte file"),
+        (b"hello, not an image at all", "not an image (cannot identify image file)"),
+        (b"\xff\xd8\xff" + b"\x00" * 20, "truncated or corrupt JPEG (cannot parse its header)"),
+        (jpg[:30], "truncated JPEG (its header is cut short)"),
+        (b"GIF89a" + b"\x00" * 5, "corrupt GIF (cannot identify image file)"),
+        (png[:60], "truncated PNG (image file is truncated)"),
+        (scrambled, "corrupt PNG (broken data stream when reading image file)"),
+    ]
+
+
+@pytest.mark.parametrize("k", range(7))
+def test_each_refused_payload_says_what_is_wrong_with_it(k):
+    """The reason each kind of bad payload is skipped with, exactly: an empty file, text, a JPEG whose
+    header is garbage or cut short, a bare GIF signature, a PNG cut short and one whose pixels do not
+    inflate. Kills: each message changed; the JPEG test inverted; ``truncated`` looked for in upper case,
+    or always or never found; the decoder's own words left out."""
+    raw, reason = _refused_bytes()[k]
+    assert process_task(("bytes", raw, 3, "x/img", "x/img"), ImageOptions()) == ("skip", "x/img", reason)
