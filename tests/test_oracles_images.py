@@ -11,6 +11,7 @@ JPEG tolerance measured for these gradients; every other orientation of the sour
 from __future__ import annotations
 
 import io
+import struct
 
 import numpy as np
 import pytest
@@ -173,3 +174,56 @@ def test_each_refused_payload_says_what_is_wrong_with_it(k):
     or always or never found; the decoder's own words left out."""
     raw, reason = _refused_bytes()[k]
     assert process_task(("bytes", raw, 3, "x/img", "x/img"), ImageOptions()) == ("skip", "x/img", reason)
+
+
+# ----------------------------------------------------------------------------- the Exif orientation, by the TIFF spec
+
+
+def _tiff(order: bytes, entries, *, ifd: int = 8) -> bytes:
+    """A TIFF structure (TIFF 6.0, section 2) written out: header, padding to IFD0 at ``ifd``, IFD0's
+    entries ``(tag, type, count, value)`` (a SHORT value left-justified in its 4 bytes), no next IFD."""
+    e = "<" if order == b"II" else ">"
+    out = order + struct.pack(e + "HI", 42, ifd) + b"\0" * (ifd - 8) + struct.pack(e + "H", len(entries))
+    for tag, typ, count, value in entries:
+        out += struct.pack(e + "HHI", tag, typ, count) + (struct.pack(e + "H", value) + b"\0\0" if typ == 3 else struct.pack(e + "I", value))
+    return out + struct.pack(e + "I", 0)
+
+
+def _with_exif(tiff: bytes) -> bytes:
+    jpg = _encoded("JPEG")  # 60 x 40, baseline, no Exif
+    body = b"Exif\0\0" + tiff
+    return jpg[:2] + b"\xff\xe1" + struct.pack(">H", 2 + len(body)) + body + jpg[2:]
+
+
+OTHER = [(0x010F, 2, 4, 0), (0x0110, 2, 4, 0), (0x011A, 5, 1, 0), (0x0131, 2, 4, 0)]  # Make, Model, XResolution, Software
+
+
+@pytest.mark.parametrize("order", [b"II", b"MM"])
+@pytest.mark.parametrize("ifd", [8, 26])
+def test_scan_jpeg_reads_the_exif_orientation_in_either_byte_order(order, ifd):
+    """A JPEG whose Exif says orientation 1, or has no orientation tag, is plain (stored byte for byte); one
+    that says 6 is not; the tag after four others and as the fifth of five entries (the IFD fills its
+    segment exactly). Malformed structures are not plain. Kills: a byte order not recognised or its format
+    changed, the IFD offset read from the wrong place or bound off by one, the entry count or the entries'
+    stride misread, the tag test inverted, no orientation taken as another than 1, the value read from
+    the wrong offset."""
+    from fastload.packing.images import scan_jpeg
+
+    plain = (60, 40, False)
+    assert scan_jpeg(memoryview(_encoded("JPEG"))) == plain
+    assert scan_jpeg(memoryview(_with_exif(_tiff(order, OTHER + [(0x0112, 3, 1, 1)], ifd=ifd)))) == plain
+    assert scan_jpeg(memoryview(_with_exif(_tiff(order, [(0x0112, 3, 1, 1)] + OTHER, ifd=ifd)))) == plain
+    assert scan_jpeg(memoryview(_with_exif(_tiff(order, OTHER, ifd=ifd)))) == plain
+    for v in (6, 3, 8, 2):
+        assert scan_jpeg(memoryview(_with_exif(_tiff(order, OTHER + [(0x0112, 3, 1, v)], ifd=ifd)))) is None, v
+        assert scan_jpeg(memoryview(_with_exif(_tiff(order, [(0x0112, 3, 1, v)] + OTHER[:2], ifd=ifd)))) is None, v
+    good = _tiff(order, OTHER + [(0x0112, 3, 1, 1)], ifd=ifd)
+    e = "<" if order == b"II" else ">"
+    malformed = [
+        b"XY" + good[2:],  # no byte order
+        good[:4] + struct.pack(e + "I", 4) + good[8:],  # IFD0 inside the header
+        good[:-4 - 12],  # the last entry cut off: the count runs past the segment
+        good[:8],  # a header and nothing else
+    ]
+    for tiff in malformed:
+        assert scan_jpeg(memoryview(_with_exif(tiff))) is None
