@@ -472,3 +472,13 @@ def test_what_is_not_a_batch_is_shown_cut_at_60_characters():
            "batch_sampler yielded tensor(1) (Tensor), not a list of sample indices")  # fmt: skip
     got = dlc.SamplerPlan(Lists([np.array([1, 2]), torch.tensor([3])]), num_samples=5, rank=0, world_size=1).batches(0)
     assert [b.indices.tolist() for b in got] == [[1, 2], [3]]
+
+
+def test_a_batch_sampler_larger_than_max_batch_is_refused_naming_it():
+    """Kills: the refusal's subject (``what=``) dropped or changed: it would name ``batch_size``, which the
+    user did not pass."""
+    from fastload.sampler import MAX_BATCH
+
+    n = MAX_BATCH + 5
+    raises(lambda: dlc.SamplerPlan(BatchSampler(range(n), MAX_BATCH + 1, False), num_samples=n, rank=0, world_size=1),
+           f"the sampler's largest batch must be an int in [1, {MAX_BATCH}] (samples in one batch on one rank), got {MAX_BATCH + 1}")  # fmt: skip
