@@ -383,3 +383,11 @@ def test_image_task_of_a_tensor_is_its_array_and_of_anything_else_an_error():
     assert isinstance(data, np.ndarray) and np.array_equal(data, t.numpy())
     assert image_task(2.5, 1, "dataset[2]") == (
         "error", "unsupported image type float (need a PIL image, uint8 array or bytes)", 1, "dataset[2]", "dataset[2]")  # fmt: skip
+
+
+def test_a_whitespace_list_splits_at_the_last_space_or_tab(tmp_path):
+    """The label is what follows the last space or tab (the path may hold both). Kills: the first tab taken
+    for the last (``find`` for ``rfind``)."""
+    lst = tmp_path / "l.txt"
+    lst.write_text("a.jpg cat\nsome dir\tb.jpg\tdog\nc d.jpg\tcat\n")
+    assert rows_of(read_list(lst)) == [("a.jpg", "cat"), ("some dir\tb.jpg", "dog"), ("c d.jpg", "cat")]
