@@ -218,17 +218,18 @@ def test_indented_comments_and_rows_of_empty_cells_are_skipped_in_csv(tmp_path):
     assert rows_of(src) == [("a.jpg", "cat"), ("b.jpg", "dog")] and src.classes == ["cat", "dog"]
 
 
-def test_rows_after_a_csv_error_are_still_read(tmp_path):
-    """A cell over the csv module's field limit is a bad row, not the end of the file. Kills: ``break`` for
-    ``continue`` after the csv error."""
+@pytest.mark.parametrize("suffix, delim, kind", [(".csv", ",", "CSV"), (".tsv", "\t", "TSV")])
+def test_rows_after_a_csv_error_are_still_read(tmp_path, suffix, delim, kind):
+    """A cell over the csv module's field limit is a bad row, not the end of the file, named by the file's
+    kind. Kills: ``break`` for ``continue`` after the csv error; the kind's name changed."""
     import csv
 
-    lst = tmp_path / "l.csv"
-    lst.write_text("a.jpg,cat\n" + "x" * (csv.field_size_limit() + 10) + ",dog\nb.jpg,dog\n")
+    lst = tmp_path / f"l{suffix}"
+    lst.write_text(f"a.jpg{delim}cat\n" + "x" * (csv.field_size_limit() + 10) + f"{delim}dog\nb.jpg{delim}dog\n")
     src = read_list(lst, on_error="skip")
     got = rows_of(src)
     assert got[0] == ("a.jpg", "cat") and got[2] == ("b.jpg", "dog") and len(got) == 3
-    assert got[1] == (f"{lst}:2", f"not a valid CSV row (field larger than field limit ({csv.field_size_limit()}))")
+    assert got[1] == (f"{lst}:2", f"not a valid {kind} row (field larger than field limit ({csv.field_size_limit()}))")
 
 
 # ----------------------------------------------------------------------------- labels
