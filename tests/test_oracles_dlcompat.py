@@ -482,3 +482,21 @@ def test_a_batch_sampler_larger_than_max_batch_is_refused_naming_it():
     n = MAX_BATCH + 5
     raises(lambda: dlc.SamplerPlan(BatchSampler(range(n), MAX_BATCH + 1, False), num_samples=n, rank=0, world_size=1),
            f"the sampler's largest batch must be an int in [1, {MAX_BATCH}] (samples in one batch on one rank), got {MAX_BATCH + 1}")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "rank, world, message",
+    [
+        (1, None, "give both rank and world_size or neither, got rank=1, world_size=None"),
+        (None, 2, "give both rank and world_size or neither, got rank=None, world_size=2"),
+        (0, 0, "world_size must be an int >= 1, got 0"),
+        (3, 2, "rank must be an int in [0, world_size=2), got 3"),
+        (-1, 2, "rank must be an int in [0, world_size=2), got -1"),
+    ],
+)
+def test_rank_and_world_given_by_halves_or_out_of_range_are_refused(rank, world, message):
+    """Both or neither, as DistributedSampler's num_replicas/rank are read; without a process group neither
+    is rank 0 of 1. Kills: the both-or-neither tests joined the other way (one of the two given read as
+    neither, or passed on), the messages, the world_size name."""
+    raises(lambda: dlc.rank_and_world(rank, world), message)
+    assert dlc.rank_and_world(None, None) == (0, 1) and dlc.rank_and_world(np.int64(2), 3) == (2, 3)

@@ -392,3 +392,41 @@ def test_a_whitespace_list_splits_at_the_last_space_or_tab(tmp_path):
     lst = tmp_path / "l.txt"
     lst.write_text("a.jpg cat\nsome dir\tb.jpg\tdog\nc d.jpg\tcat\n")
     assert rows_of(read_list(lst)) == [("a.jpg", "cat"), ("some dir\tb.jpg", "dog"), ("c d.jpg", "cat")]
+
+
+def test_the_class_count_bound_is_inclusive_and_names_the_file(tmp_path, monkeypatch):
+    """MAX_CLASSES class names are accepted, one more refused (the bound made small here). Kills: ``>=``
+    for ``>``."""
+    import fastload.packing.sources as sources
+
+    monkeypatch.setattr(sources, "MAX_CLASSES", 3)
+    lst = tmp_path / "l.csv"
+    lst.write_text("a.jpg,x\nb.jpg,y\nc.jpg,z\n")
+    assert read_list(lst).classes == ["x", "y", "z"]
+    lst.write_text("a.jpg,x\nb.jpg,y\nc.jpg,z\nd.jpg,w\n")
+    with pytest.raises(ConfigError) as e:
+        read_list(lst)
+    assert str(e.value) == f"SRC {lst}: 4 class names; at most 3 classes (MAX_CLASSES) are supported"
+
+
+def test_skipped_rows_are_logged_once_with_the_first(tmp_path, caplog):
+    """Kills: the warning's text or its first bad row left out."""
+    import logging
+
+    lst = tmp_path / "l.csv"
+    lst.write_text("a.jpg,cat\nlonely\nb.jpg,dog\nalone\n")
+    with caplog.at_level(logging.WARNING, logger="fastload.packing.sources"):
+        read_list(lst, on_error="skip")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{lst}: 2 row(s) that do not parse are skipped; the first, line 2: expected 'path,label', got ['lonely']"
+    ]
+
+
+def test_a_quoted_path_may_span_lines_and_a_long_bad_row_is_shown_whole(tmp_path):
+    """A row of two cells whose quoted path holds a newline is a row like any other; a bad row of up to 200
+    characters is shown whole (reprlib would cut a 50-character cell at 30). Kills: the quoted-cell test as
+    ``<= 2`` columns; reprlib used for short rows."""
+    lst = tmp_path / "l.csv"
+    lst.write_text('"a\nb.jpg",cat\n' + "p" * 50 + "\nc.jpg,dog\n")
+    src = read_list(lst, on_error="skip")
+    assert rows_of(src) == [("a\nb.jpg", "cat"), (f"{lst}:3", f"expected 'path,label', got ['{'p' * 50}']"), ("c.jpg", "dog")]
