@@ -41,7 +41,11 @@ declare -A TESTS=(
         tests/test_dropin2.py::test_random_erasing_is_a_function_of_seed_epoch_and_position
         tests/test_dropin2.py::test_jitter_order_and_factors_follow_torchvisions_law
         tests/test_dropin2.py::test_trivial_magnitude_bins_are_torchvisions
-        tests/test_dropin2.py::test_trivial_draws_follow_torchvisions_law"
+        tests/test_dropin2.py::test_trivial_draws_follow_torchvisions_law
+        tests/test_dropin2.py::test_random_erasing_writes_only_its_rectangles_and_only_its_value
+        tests/test_dropin2.py::test_random_erasing_follows_torchvisions_law
+        tests/test_dropin2.py::test_random_erasing_is_a_function_of_seed_epoch_and_position
+        tests/test_autoaugment.py::test_erasing_noise_is_standard_normal_where_it_erases_and_nowhere_else"
     [fastload/sampler.py]="tests/test_oracles_sampler.py::test_unshuffled_shares_are_distributed_samplers_batches
         tests/test_oracles_sampler.py::test_shuffled_shares_are_distributed_samplers_layout_of_the_epochs_permutation
         tests/test_oracles_sampler.py::test_without_padding_every_sample_is_read_by_exactly_one_rank
