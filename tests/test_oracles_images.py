@@ -227,3 +227,35 @@ def test_scan_jpeg_reads_the_exif_orientation_in_either_byte_order(order, ifd):
     ]
     for tiff in malformed:
         assert scan_jpeg(memoryview(_with_exif(tiff))) is None
+
+
+def _seg(marker: int, body: bytes) -> bytes:
+    """A JPEG marker segment (ITU T.81 B.1.1.4): FF, the marker, a big-endian length counting itself, the body."""
+    return bytes([0xFF, marker]) + struct.pack(">H", 2 + len(body)) + body
+
+
+def _sof(w: int, h: int, marker: int = 0xC0) -> bytes:
+    return _seg(marker, struct.pack(">BHHB", 8, h, w, 3) + bytes([1, 0x11, 0, 2, 0x11, 1, 3, 0x11, 1]))
+
+
+SOS = _seg(0xDA, bytes([3, 1, 0, 2, 0x11, 3, 0x11, 0, 63, 0]))
+
+
+def test_scan_jpeg_walks_marker_segments_as_t81_lays_them_out():
+    """Headers written out from ITU T.81 annex B (no pixels: ``scan_jpeg`` stops at the scan): a long APP
+    segment (length over 255), fill bytes and a restart marker before a frame over 32767 pixels wide; the
+    scan's header the last bytes there are. Kills: the length's high byte shifted the wrong way, fill bytes
+    or parameterless markers stepped wrongly (the walk would loop or misread), the frame's sizes read as
+    signed, the loop's end bound, a second frame or a segment running past the end accepted, the SOI test
+    with ``and``, progressive not told from baseline."""
+    from fastload.packing.images import scan_jpeg
+
+    soi, app = b"\xff\xd8", _seg(0xE1, b"x" * 300)
+    head = soi + app + b"\xff\xff\xff" + _seg(0xE0, b"JFIF\0") + b"\xff\xd0" + _sof(40000, 30000)
+    assert scan_jpeg(memoryview(head + SOS + b"\x12\x34")) == (40000, 30000, False)
+    assert scan_jpeg(memoryview(head + SOS)) == (40000, 30000, False)
+    assert scan_jpeg(memoryview(head + b"\xff\xda\x00\x02")) == (40000, 30000, False)  # the scan header ends the data
+    assert scan_jpeg(memoryview(soi + _sof(640, 480, 0xC2) + SOS)) == (640, 480, True)
+    assert scan_jpeg(memoryview(head + SOS[:-2])) is None  # the scan's header cut short
+    assert scan_jpeg(memoryview(head + _sof(40000, 30000) + SOS)) is None  # two frames
+    assert scan_jpeg(memoryview(b"\x00" + head[1:] + SOS)) is None  # not SOI
