@@ -430,3 +430,25 @@ def test_a_quoted_path_may_span_lines_and_a_long_bad_row_is_shown_whole(tmp_path
     lst.write_text('"a\nb.jpg",cat\n' + "p" * 50 + "\nc.jpg,dog\n")
     src = read_list(lst, on_error="skip")
     assert rows_of(src) == [("a\nb.jpg", "cat"), (f"{lst}:3", f"expected 'path,label', got ['{'p' * 50}']"), ("c.jpg", "dog")]
+
+
+def test_fingerprints_change_with_the_classes_and_the_samples(tmp_path):
+    """"A SHA-256 that changes whenever the list of samples or classes changes" (Source.fingerprint).
+    Kills: the classes left out of a list source's hash, a dataset source hashing a constant; the empty
+    class list's message."""
+    from fastload.packing.sources import DatasetSource, class_names
+
+    lst = tmp_path / "l.csv"
+    lst.write_text("a.jpg,1\nb.jpg,0\n")
+    ints = read_list(lst).fingerprint()
+    lst.write_text("a.jpg,dog\nb.jpg,cat\n")  # the same paths and labels (1, 0), other class names
+    names = read_list(lst).fingerprint()
+    assert len({ints, names}) == 2 and read_list(lst).fingerprint() == names
+    img = b"\xff\xd8"
+    a = DatasetSource(Items([(img, 0)] * 3), classes=["x", "y"]).fingerprint()
+    assert a == DatasetSource(Items([(img, 0)] * 3), classes=["x", "y"]).fingerprint()
+    assert len({a, DatasetSource(Items([(img, 0)] * 4), classes=["x", "y"]).fingerprint(),
+                DatasetSource(Items([(img, 0)] * 3), classes=["x", "z"]).fingerprint()}) == 3  # fmt: skip
+    with pytest.raises(ConfigError) as e:
+        class_names(None, [])
+    assert str(e.value) == "classes: the list of class names is empty"
