@@ -452,3 +452,31 @@ def test_fingerprints_change_with_the_classes_and_the_samples(tmp_path):
     with pytest.raises(ConfigError) as e:
         class_names(None, [])
     assert str(e.value) == "classes: the list of class names is empty"
+
+
+def test_sources_that_cannot_be_read_say_why(tmp_path):
+    """Kills: the OS's reason replaced by the exception's text, or looked up so that a ValueError (no
+    ``strerror``) fails; the folder's name left out, the no-class and no-image messages changed."""
+    from fastload.packing.sources import open_source, scan_folder
+
+    long_name = tmp_path / ("x" * 300)
+    cases = [
+        (long_name, f"SRC {long_name}: cannot access it: File name too long"),
+        (f"{tmp_path}/x\0y", f"SRC {tmp_path}/x\\x00y: cannot access it: embedded null byte"),
+    ]
+    for path, message in cases:
+        with pytest.raises(ConfigError) as e:
+            open_source(path)
+        assert str(e.value) == message
+    src = tmp_path / "src"
+    (src / "cat").mkdir(parents=True)
+    with pytest.raises(ConfigError) as e:
+        scan_folder(src)
+    assert str(e.value) == (f"SRC {src}: found no images in 1 class folder(s) "
+                            "(extensions: .jpg, .jpeg, .png, .ppm, .bmp, .pgm, .tif, .tiff, .webp)")  # fmt: skip
+    (src / "cat").rmdir()
+    (src / "a.jpg").write_bytes(b"")
+    with pytest.raises(ConfigError) as e:
+        scan_folder(src)
+    assert str(e.value) == (f"SRC {src}: no class folders found; an ImageFolder tree has one sub-folder per class "
+                            "(SRC/cat/1.jpg, SRC/dog/2.jpg), or pass a list file (.csv/.tsv/.txt)")  # fmt: skip
