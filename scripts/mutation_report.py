@@ -1,7 +1,8 @@
 """Helpers of scripts/mutation.sh: write one module's mutmut config, and score a finished run.
 
     mutation_report.py config PYPROJECT MODULE TEST...   print PYPROJECT with its [tool.mutmut] table set for MODULE
-    mutation_report.py score WORKDIR MODULE EQUIVALENTS   print MODULE's counts and score from WORKDIR/mutants/*.meta
+    mutation_report.py score WORKDIR MODULE EQUIVALENTS [--sample]   print MODULE's counts and score from WORKDIR/mutants/*.meta
+                                                     (--sample: of the mutants that were run only)
 
 A score is killed / (all mutants - equivalent ones), where timeouts count as killed (the tests stopped
 the mutant: an endless loop) and a mutant no test reaches ("no tests") counts as a survivor.
@@ -52,7 +53,7 @@ def _equivalents(path: Path) -> dict[str, str]:
     return out
 
 
-def score(workdir: Path, module: str, equivalents: Path) -> int:
+def score(workdir: Path, module: str, equivalents: Path, *, sample: bool = False) -> int:
     from mutmut.stats import status_by_exit_code
 
     base = workdir / "mutants"
@@ -61,6 +62,8 @@ def score(workdir: Path, module: str, equivalents: Path) -> int:
     for meta in metas:
         if meta.exists():
             for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+                if sample and code is None:
+                    continue  # a sampled run (MUTATION_SAMPLE): the mutants it did not run are not counted
                 status[name] = status_by_exit_code[code]
     eq = _equivalents(equivalents)
     counts = {"killed": 0, "timeout": 0, "survived": 0, "no tests": 0, "equivalent": 0, "other": 0}
@@ -105,8 +108,8 @@ def main(argv: list[str]) -> int:
     if len(argv) >= 3 and argv[0] == "config":
         sys.stdout.write(module_config(Path(argv[1]), argv[2], argv[3:]))
         return 0
-    if len(argv) == 4 and argv[0] == "score":
-        return score(Path(argv[1]), argv[2], Path(argv[3]))
+    if len(argv) in (4, 5) and argv[0] == "score" and argv[4:] in ([], ["--sample"]):
+        return score(Path(argv[1]), argv[2], Path(argv[3]), sample=argv[4:] == ["--sample"])
     print(__doc__, file=sys.stderr)
     return 2
 

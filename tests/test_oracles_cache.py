@@ -105,3 +105,24 @@ def test_an_untouched_folder_reuses_its_entry(make_folder, tmp_path):
     for p in sorted(root.rglob("*.bmp")):
         p.read_bytes()  # reading changes no status time
     assert cached_pack(ImageFolder(str(root)), cache_dir=tmp_path / "c", progress=False) == entry
+
+
+@pytest.mark.parametrize(
+    "root, slug",
+    [
+        (None, "dataset"),  # a dataset with no root
+        ("/data/imagenet/train/", "train"),
+        ("/data/My Photos (2024)!", "My_Photos_2024"),  # runs of other characters -> one "_", ends stripped
+        ("/data/.../", "dataset"),  # nothing left after stripping dots
+        ("/d/" + "a" * 50, "a" * 40),
+        ("/d/\u00e9t\u00e9", "t"),  # ASCII only
+        ("/d/-_.x.-_", "x"),
+    ],
+)
+def test_the_entry_name_starts_with_the_roots_name_made_safe(root, slug):
+    """The rule by hand: the root's last component, runs of characters outside ``[A-Za-z0-9._-]`` as one
+    ``_``, ``._-`` stripped at both ends, at most 40 characters, ``dataset`` when nothing is left or there is
+    no root. Kills: a root of None read as a path, the cut, the stripping, the fallback name."""
+    from fastload.cache import _slug
+
+    assert _slug(root) == slug

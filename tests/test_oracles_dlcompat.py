@@ -418,3 +418,85 @@ def test_check_collate_fn_with_torch_and_timm():
             "use timm.data.Mixup on each batch inside the training loop instead")  # fmt: skip
     raises(lambda: dlc.check_collate_fn(FastCollateMixup(mixup_alpha=1.0)), f"collate_fn=FastCollateMixup {tail}")
     raises(lambda: dlc.check_collate_fn(fast_collate), f"collate_fn=fast_collate {tail}")
+
+
+# ----------------------------------------------------------------------------- SamplerPlan's state, odd batch samplers
+
+
+@pytest.mark.parametrize("kind", ["replayable", "stateful", "neither"])
+def test_a_new_sampler_plan_keeps_its_arguments_and_has_no_state_yet(kind):
+    """Kills: an attribute set from another argument or to a stand-in ("" or None for False), the stateful
+    sampler not looked up, the replay test not made (``not plan.replayable`` passes for None too)."""
+    inner = Stateful(4)
+    bs = {"replayable": BatchSampler([0, 1, 2], 2, False), "stateful": BatchSampler(inner, 2, False),
+          "neither": Lists([[0], [1]])}[kind]  # fmt: skip
+    plan = dlc.SamplerPlan(bs, num_samples=7, rank=2, world_size=3)
+    assert (plan.batch_sampler, plan.num_samples, plan.rank, plan.world_size) == (bs, 7, 2, 3)
+    assert plan.resumed is None and plan.epoch_start_state is None and plan.pending_state is None
+    assert plan.replayable is (kind == "replayable")
+    assert plan.stateful is (inner if kind == "stateful" else None)
+
+
+def test_the_largest_batch_of_a_batch_sampler_that_states_its_size_and_of_empty_batches():
+    """A ``batch_size`` of 1 is believed (not measured), and batches all empty count as 1. Kills: the size
+    test as ``>= 2``/``> 1``, the ``or 1`` fallback changed."""
+    stated = Lists([[1, 2, 3]])
+    stated.batch_size = 1
+    assert dlc.SamplerPlan(stated, num_samples=9, rank=0, world_size=1).max_batch == 1
+    assert dlc.SamplerPlan(Lists([[], []]), num_samples=9, rank=0, world_size=1).max_batch == 1
+    assert dlc.SamplerPlan(BatchSampler(range(1), 4, False), num_samples=9, rank=0, world_size=1).max_batch == 1
+
+
+def test_a_sampler_with_only_half_the_state_methods_is_not_stateful():
+    """Kills: ``_has_state``'s two tests joined by ``or``."""
+
+    class Half(Lists):
+        def state_dict(self):
+            return {}
+
+    class OtherHalf(Lists):
+        def load_state_dict(self, state):
+            pass
+
+    for cls in (Half, OtherHalf):
+        assert dlc.stateful_sampler(cls([[0]])) is None
+        assert dlc.stateful_sampler(BatchSampler(cls([0]), 1, False)) is None
+
+
+def test_what_is_not_a_batch_is_shown_cut_at_60_characters():
+    """Kills: the repr cut at another length; a 1-d array or tensor refused, or a 0-d one accepted."""
+    text = "x" * 100
+    raises(lambda: list(dlc.SamplerPlan(Lists([text]), num_samples=5, rank=0, world_size=1).batches(0)),
+           f"batch_sampler yielded {repr(text)[:60]} (str), not a list of sample indices")  # fmt: skip
+    raises(lambda: list(dlc.SamplerPlan(Lists([torch.tensor(1)]), num_samples=5, rank=0, world_size=1).batches(0)),
+           "batch_sampler yielded tensor(1) (Tensor), not a list of sample indices")  # fmt: skip
+    got = dlc.SamplerPlan(Lists([np.array([1, 2]), torch.tensor([3])]), num_samples=5, rank=0, world_size=1).batches(0)
+    assert [b.indices.tolist() for b in got] == [[1, 2], [3]]
+
+
+def test_a_batch_sampler_larger_than_max_batch_is_refused_naming_it():
+    """Kills: the refusal's subject (``what=``) dropped or changed: it would name ``batch_size``, which the
+    user did not pass."""
+    from fastload.sampler import MAX_BATCH
+
+    n = MAX_BATCH + 5
+    raises(lambda: dlc.SamplerPlan(BatchSampler(range(n), MAX_BATCH + 1, False), num_samples=n, rank=0, world_size=1),
+           f"the sampler's largest batch must be an int in [1, {MAX_BATCH}] (samples in one batch on one rank), got {MAX_BATCH + 1}")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "rank, world, message",
+    [
+        (1, None, "give both rank and world_size or neither, got rank=1, world_size=None"),
+        (None, 2, "give both rank and world_size or neither, got rank=None, world_size=2"),
+        (0, 0, "world_size must be an int >= 1, got 0"),
+        (3, 2, "rank must be an int in [0, world_size=2), got 3"),
+        (-1, 2, "rank must be an int in [0, world_size=2), got -1"),
+    ],
+)
+def test_rank_and_world_given_by_halves_or_out_of_range_are_refused(rank, world, message):
+    """Both or neither, as DistributedSampler's num_replicas/rank are read; without a process group neither
+    is rank 0 of 1. Kills: the both-or-neither tests joined the other way (one of the two given read as
+    neither, or passed on), the messages, the world_size name."""
+    raises(lambda: dlc.rank_and_world(rank, world), message)
+    assert dlc.rank_and_world(None, None) == (0, 1) and dlc.rank_and_world(np.int64(2), 3) == (2, 3)

@@ -11,6 +11,7 @@ JPEG tolerance measured for these gradients; every other orientation of the sour
 from __future__ import annotations
 
 import io
+import struct
 
 import numpy as np
 import pytest
@@ -142,3 +143,119 @@ def test_sizes_that_do_not_divide_by_the_dct_scale(src, want_size, tol, orientat
     assert (header.width, header.height) == size and (header.orig_width, header.orig_height) == (w, h)
     assert header.flags & FLAG_RESIZED
     assert mean_diff(got, oracle(raw, size)) <= tol
+
+
+def _encoded(fmt: str) -> bytes:
+    b = io.BytesIO()
+    Image.fromarray(np.full((40, 60, 3), 90, np.uint8)).save(b, fmt)
+    return b.getvalue()
+
+
+def _refused_bytes():
+    jpg, png = _encoded("JPEG"), _encoded("PNG")
+    i = png.index(b"IDAT") + 8  # the compressed pixels, scrambled: a zlib error, not a short file
+    scrambled = png[:i] + bytes(b ^ 0x55 for b in png[i : i + 20]) + png[i + 20 :]
+    return [
+        (b"", "zero-byte file"),
+        (b"hello, not an image at all", "not an image (cannot identify image file)"),
+        (b"\xff\xd8\xff" + b"\x00" * 20, "truncated or corrupt JPEG (cannot parse its header)"),
+        (jpg[:30], "truncated JPEG (its header is cut short)"),
+        (b"GIF89a" + b"\x00" * 5, "corrupt GIF (cannot identify image file)"),
+        (png[:60], "truncated PNG (image file is truncated)"),
+        (scrambled, "corrupt PNG (broken data stream when reading image file)"),
+    ]
+
+
+@pytest.mark.parametrize("k", range(7))
+def test_each_refused_payload_says_what_is_wrong_with_it(k):
+    """The reason each kind of bad payload is skipped with, exactly: an empty file, text, a JPEG whose
+    header is garbage or cut short, a bare GIF signature, a PNG cut short and one whose pixels do not
+    inflate. Kills: each message changed; the JPEG test inverted; ``truncated`` looked for in upper case,
+    or always or never found; the decoder's own words left out."""
+    raw, reason = _refused_bytes()[k]
+    assert process_task(("bytes", raw, 3, "x/img", "x/img"), ImageOptions()) == ("skip", "x/img", reason)
+
+
+# ----------------------------------------------------------------------------- the Exif orientation, by the TIFF spec
+
+
+def _tiff(order: bytes, entries, *, ifd: int = 8) -> bytes:
+    """A TIFF structure (TIFF 6.0, section 2) written out: header, padding to IFD0 at ``ifd``, IFD0's
+    entries ``(tag, type, count, value)`` (a SHORT value left-justified in its 4 bytes), no next IFD."""
+    e = "<" if order == b"II" else ">"
+    out = order + struct.pack(e + "HI", 42, ifd) + b"\0" * (ifd - 8) + struct.pack(e + "H", len(entries))
+    for tag, typ, count, value in entries:
+        out += struct.pack(e + "HHI", tag, typ, count) + (struct.pack(e + "H", value) + b"\0\0" if typ == 3 else struct.pack(e + "I", value))
+    return out + struct.pack(e + "I", 0)
+
+
+def _with_exif(tiff: bytes) -> bytes:
+    jpg = _encoded("JPEG")  # 60 x 40, baseline, no Exif
+    body = b"Exif\0\0" + tiff
+    return jpg[:2] + b"\xff\xe1" + struct.pack(">H", 2 + len(body)) + body + jpg[2:]
+
+
+OTHER = [(0x010F, 2, 4, 0), (0x0110, 2, 4, 0), (0x011A, 5, 1, 0), (0x0131, 2, 4, 0)]  # Make, Model, XResolution, Software
+
+
+@pytest.mark.parametrize("order", [b"II", b"MM"])
+@pytest.mark.parametrize("ifd", [8, 26])
+def test_scan_jpeg_reads_the_exif_orientation_in_either_byte_order(order, ifd):
+    """A JPEG whose Exif says orientation 1, or has no orientation tag, is plain (stored byte for byte); one
+    that says 6 is not; the tag after four others and as the fifth of five entries (the IFD fills its
+    segment exactly). Malformed structures are not plain. Kills: a byte order not recognised or its format
+    changed, the IFD offset read from the wrong place or bound off by one, the entry count or the entries'
+    stride misread, the tag test inverted, no orientation taken as another than 1, the value read from
+    the wrong offset."""
+    from fastload.packing.images import scan_jpeg
+
+    plain = (60, 40, False)
+    assert scan_jpeg(memoryview(_encoded("JPEG"))) == plain
+    assert scan_jpeg(memoryview(_with_exif(_tiff(order, OTHER + [(0x0112, 3, 1, 1)], ifd=ifd)))) == plain
+    assert scan_jpeg(memoryview(_with_exif(_tiff(order, [(0x0112, 3, 1, 1)] + OTHER, ifd=ifd)))) == plain
+    assert scan_jpeg(memoryview(_with_exif(_tiff(order, OTHER, ifd=ifd)))) == plain
+    for v in (6, 3, 8, 2):
+        assert scan_jpeg(memoryview(_with_exif(_tiff(order, OTHER + [(0x0112, 3, 1, v)], ifd=ifd)))) is None, v
+        assert scan_jpeg(memoryview(_with_exif(_tiff(order, [(0x0112, 3, 1, v)] + OTHER[:2], ifd=ifd)))) is None, v
+    good = _tiff(order, OTHER + [(0x0112, 3, 1, 1)], ifd=ifd)
+    e = "<" if order == b"II" else ">"
+    malformed = [
+        b"XY" + good[2:],  # no byte order
+        good[:4] + struct.pack(e + "I", 4) + good[8:],  # IFD0 inside the header
+        good[:-4 - 12],  # the last entry cut off: the count runs past the segment
+        good[:8],  # a header and nothing else
+    ]
+    for tiff in malformed:
+        assert scan_jpeg(memoryview(_with_exif(tiff))) is None
+
+
+def _seg(marker: int, body: bytes) -> bytes:
+    """A JPEG marker segment (ITU T.81 B.1.1.4): FF, the marker, a big-endian length counting itself, the body."""
+    return bytes([0xFF, marker]) + struct.pack(">H", 2 + len(body)) + body
+
+
+def _sof(w: int, h: int, marker: int = 0xC0) -> bytes:
+    return _seg(marker, struct.pack(">BHHB", 8, h, w, 3) + bytes([1, 0x11, 0, 2, 0x11, 1, 3, 0x11, 1]))
+
+
+SOS = _seg(0xDA, bytes([3, 1, 0, 2, 0x11, 3, 0x11, 0, 63, 0]))
+
+
+def test_scan_jpeg_walks_marker_segments_as_t81_lays_them_out():
+    """Headers written out from ITU T.81 annex B (no pixels: ``scan_jpeg`` stops at the scan): a long APP
+    segment (length over 255), fill bytes and a restart marker before a frame over 32767 pixels wide; the
+    scan's header the last bytes there are. Kills: the length's high byte shifted the wrong way, fill bytes
+    or parameterless markers stepped wrongly (the walk would loop or misread), the frame's sizes read as
+    signed, the loop's end bound, a second frame or a segment running past the end accepted, the SOI test
+    with ``and``, progressive not told from baseline."""
+    from fastload.packing.images import scan_jpeg
+
+    soi, app = b"\xff\xd8", _seg(0xE1, b"x" * 300)
+    head = soi + app + b"\xff\xff\xff" + _seg(0xE0, b"JFIF\0") + b"\xff\xd0" + _sof(40000, 30000)
+    assert scan_jpeg(memoryview(head + SOS + b"\x12\x34")) == (40000, 30000, False)
+    assert scan_jpeg(memoryview(head + SOS)) == (40000, 30000, False)
+    assert scan_jpeg(memoryview(head + b"\xff\xda\x00\x02")) == (40000, 30000, False)  # the scan header ends the data
+    assert scan_jpeg(memoryview(soi + _sof(640, 480, 0xC2) + SOS)) == (640, 480, True)
+    assert scan_jpeg(memoryview(head + SOS[:-2])) is None  # the scan's header cut short
+    assert scan_jpeg(memoryview(head + _sof(40000, 30000) + SOS)) is None  # two frames
+    assert scan_jpeg(memoryview(b"\x00" + head[1:] + SOS)) is None  # not SOI

@@ -172,3 +172,61 @@ def test_read_ahead_over_batches_that_cross_shards(packed, monkeypatch, runs, ev
     read = expected_split(packed, {int(i) for b in batches for i in b})
     for shard, idx in spy.by_shard("evict").items():
         assert evict and idx <= read[shard], shard
+
+
+def test_location_header_repr_and_iteration_name_each_sample_by_its_own_shard(packed):
+    """``location(i)`` names the shard file whose range (from the manifest) holds ``i``; ``header(i)`` is
+    the record's own (its payload length is the payload's, the label and size its image's); ``repr`` states the counts; iterating yields ``ds[i]``
+    in order. Kills: the shard found off by one at a boundary, a negative index not wrapped, the repr's
+    fields swapped or missing, header of another record."""
+    ds = packed
+    for s in ds.shards:
+        for i in (s.first, s.first + s.count - 1):
+            assert ds.location(i) == f"{ds.path / s.file} sample {i}"
+    last = ds.shards[-1]
+    assert ds.location(-1) == f"{ds.path / last.file} sample {N - 1}"
+    for i in (0, N // 2, N - 1):
+        payload, _ = ds[i]
+        h = ds.header(i)
+        assert (h.payload_len, h.label, h.width, h.height) == (len(payload), i // 10, 96, 80)
+    assert repr(ds) == f"Dataset({str(ds.path)!r}, samples={N}, classes=3, shards={len(ds.shards)})"
+    got = list(ds)
+    assert [index_of(p) for p, _ in got] == list(range(N)) and [lab for _, lab in got] == [i // 10 for i in range(N)]
+
+
+def test_a_pickled_dataset_opens_its_own_shard_files(packed):
+    """The pickled state holds no open file (a copy opens its own, through the process's shard files).
+    Kills: ``_files`` kept in the state (the descriptors would be pickled)."""
+    import pickle
+
+    ds = fastload.Dataset(packed.path)
+    ds[0], ds[N - 1]  # open the first and the last shard
+    copy = pickle.loads(pickle.dumps(ds))
+    assert [index_of(copy[i][0]) for i in (0, N - 1)] == [0, N - 1]
+    state = ds.__getstate__()
+    assert state["_files"] == [None] * len(ds.shards) and state["path"] == ds.path
+
+
+def test_follow_epoch_of_a_local_dataset_is_ahead_of_the_batches(packed):
+    """Kills: ``ahead`` not called, or called with something else than the batches (a local dataset has
+    no download order to follow)."""
+    batches = [[0, 1], [2]]
+    seen = []
+
+    def ahead(b):
+        seen.append(b)
+        return iter(["x"])
+
+    assert list(packed.follow_epoch(batches, ahead, hold=2)) == ["x"] and seen == [batches] and seen[0] is batches
+
+
+def test_release_closes_a_shard_and_the_next_read_reopens_it(packed):
+    """Kills: the released file left open or its slot not cleared (the next read would use a closed file)."""
+    ds = fastload.Dataset(packed.path)
+    assert index_of(ds[N - 1][0]) == N - 1
+    k = len(ds.shards) - 1
+    f = ds._files[k]
+    ds._release(k)
+    assert f.closed and ds._files[k] is None
+    assert index_of(ds[N - 1][0]) == N - 1 and ds._files[k] is not None and not ds._files[k].closed
+    ds._release(0 if k else k)  # a shard not open: nothing to close

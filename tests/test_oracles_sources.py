@@ -154,3 +154,329 @@ def test_relative_paths_resolve_against_the_list_files_folder(tmp_path):
     lst.write_text("x/a.jpg 0\n/abs/b.jpg 1\n")
     src = read_list(lst)
     assert [it.path for it in src.items] == [os.path.join(str(tmp_path / "deep"), "x/a.jpg"), "/abs/b.jpg"]
+
+
+# ----------------------------------------------------------------------------- delimiters, comments, blank rows
+
+
+def rows_of(src):
+    return [(it.name, it.error) if it.error else (it.name, src.classes[it.label]) for it in src.items]
+
+
+def test_a_tsv_is_split_at_tabs_whatever_its_first_row_holds(tmp_path):
+    """Kills: the ``.tsv`` suffix test joined by ``and``, compared with ``.TSV``, or the suffix not passed
+    (``None``/upper case): the file is then read as CSV because its first row holds a comma."""
+    lst = tmp_path / "l.tsv"
+    lst.write_text("a,1.jpg\nb.jpg\tcat\nc.jpg\tdog\n")
+    src = read_list(lst, on_error="skip")
+    assert rows_of(src) == [(f"{lst}:1", "expected 'path,label', got ['a,1.jpg']"), ("b.jpg", "cat"), ("c.jpg", "dog")]
+
+
+def test_a_csv_is_split_at_commas_whatever_its_first_row_holds(tmp_path):
+    """Kills: the ``.csv`` test as ``.CSV`` or the suffix not passed: a first row without a comma then makes
+    the file whitespace-separated, and every row is refused."""
+    lst = tmp_path / "l.csv"
+    lst.write_text("x.jpg\nb.jpg,cat\nc d.jpg,dog\n")
+    src = read_list(lst, on_error="skip")
+    assert rows_of(src) == [(f"{lst}:1", "expected 'path,label', got ['x.jpg']"), ("b.jpg", "cat"), ("c d.jpg", "dog")]
+
+
+def test_another_suffix_with_tabs_in_its_first_row_is_tab_separated(tmp_path):
+    """A label with a space stays whole, quotes are CSV quotes. Kills: the tab test as another string, the
+    tab delimiter replaced by whitespace splitting (the label's last word would be the label)."""
+    lst = tmp_path / "l.lst"
+    lst.write_text('a.jpg\tmy cat\n"b.jpg"\t"big dog"\n')
+    src = read_list(lst)
+    assert rows_of(src) == [("a.jpg", "my cat"), ("b.jpg", "big dog")]
+
+
+def test_a_whitespace_list_keeps_unicode_spaces_and_refuses_a_row_of_one_cell(tmp_path):
+    """Only ASCII spaces and tabs are stripped around a line (a no-break space is part of the label), and a
+    line with no space is one cell. Kills: ``strip()`` of every Unicode space; a line with no space split
+    anyway (``and False``)."""
+    lst = tmp_path / "l.txt"
+    lst.write_text("a.jpg cat\u00a0\n\tb.jpg dog \nlonely.jpg\n")
+    src = read_list(lst, on_error="skip")
+    assert rows_of(src) == [("a.jpg", "cat\u00a0"), ("b.jpg", "dog"), (f"{lst}:3", "expected 'path,label', got ['lonely.jpg']")]
+
+
+def test_a_list_of_comments_only_has_no_rows(tmp_path):
+    """Kills: the first data line defaulting to None when there is none (``"\\t" in None``)."""
+    lst = tmp_path / "l.txt"
+    lst.write_text("# nothing here\n\n   # nor here\n")
+    with pytest.raises(ConfigError) as e:
+        read_list(lst)
+    assert str(e.value) == f"SRC {lst}: the list file has no 'path,label' rows"
+
+
+def test_indented_comments_and_rows_of_empty_cells_are_skipped_in_csv(tmp_path):
+    """Kills: the comment test on the right-stripped cell (an indented ``#`` row read as data); a row of
+    empty cells (``,``) kept because the row itself is not empty (``and`` for ``or``)."""
+    lst = tmp_path / "l.csv"
+    lst.write_text("a.jpg,cat\n   # a note,dog\n,\n , \nb.jpg,dog\n")
+    src = read_list(lst)
+    assert rows_of(src) == [("a.jpg", "cat"), ("b.jpg", "dog")] and src.classes == ["cat", "dog"]
+
+
+@pytest.mark.parametrize("suffix, delim, kind", [(".csv", ",", "CSV"), (".tsv", "\t", "TSV")])
+def test_rows_after_a_csv_error_are_still_read(tmp_path, suffix, delim, kind):
+    """A cell over the csv module's field limit is a bad row, not the end of the file, named by the file's
+    kind. Kills: ``break`` for ``continue`` after the csv error; the kind's name changed."""
+    import csv
+
+    lst = tmp_path / f"l{suffix}"
+    lst.write_text(f"a.jpg{delim}cat\n" + "x" * (csv.field_size_limit() + 10) + f"{delim}dog\nb.jpg{delim}dog\n")
+    src = read_list(lst, on_error="skip")
+    got = rows_of(src)
+    assert got[0] == ("a.jpg", "cat") and got[2] == ("b.jpg", "dog") and len(got) == 3
+    assert got[1] == (f"{lst}:2", f"not a valid {kind} row (field larger than field limit ({csv.field_size_limit()}))")
+
+
+# ----------------------------------------------------------------------------- labels
+
+
+def test_integer_label_errors_name_the_label_cut_at_40_characters(tmp_path):
+    """Labels are shown whole up to 40 characters, then their first 40 and ``...``. Kills: the bound as
+    ``<`` or 41, the cut at 41, the ellipsis changed, the label not shown; the negative-label message."""
+    from fastload.packing.sources import MAX_CLASSES
+
+    cases = [
+        ("1" * 40, f"label {'1' * 40} is too large; integer labels must be below {MAX_CLASSES} (MAX_CLASSES)"),
+        ("2" * 41, f"label {'2' * 40}... is too large; integer labels must be below {MAX_CLASSES} (MAX_CLASSES)"),
+        (str(MAX_CLASSES), f"label {MAX_CLASSES} is too large; integer labels must be below {MAX_CLASSES} (MAX_CLASSES)"),
+        ("-5", "label -5 is negative; labels are 0, 1, 2, ... or class names"),
+    ]
+    for lab, message in cases:
+        lst = tmp_path / "l.csv"
+        lst.write_text(f"a.jpg,1\nb.jpg,{lab}\n")
+        with pytest.raises(ConfigError) as e:
+            read_list(lst)
+        assert str(e.value) == f"SRC {lst}:2: {message}"
+    lst.write_text(f"a.jpg,{MAX_CLASSES - 1}\nb.jpg,{'0' * 60}7\n")
+    src = read_list(lst)
+    assert [it.label for it in src.items] == [MAX_CLASSES - 1, 7] and len(src.classes) == MAX_CLASSES
+
+
+# ----------------------------------------------------------------------------- files that are not list files
+
+
+def test_what_is_not_a_regular_readable_file_is_refused_naming_it(tmp_path):
+    """Kills: the path left out of the messages, ``what`` (``list file``) changed, the file kind not named,
+    the OS's reason replaced by the exception's text, a FIFO opened blocking (the test would hang)."""
+    fifo = tmp_path / "l.csv"
+    os.mkfifo(fifo)
+    cases = [
+        (fifo, f"SRC {fifo}: not a regular file (FIFO); a list file must be a regular file"),
+        (tmp_path, f"SRC {tmp_path}: not a regular file (directory); a list file must be a regular file"),
+        (tmp_path / "missing.csv", f"SRC {tmp_path / 'missing.csv'}: cannot read list file: No such file or directory"),
+        ("/proc/self/mem", "SRC /proc/self/mem: cannot read list file: Input/output error"),  # regular, unreadable
+    ]
+    for path, message in cases:
+        with pytest.raises(ConfigError) as e:
+            read_list(path)
+        assert str(e.value) == message
+
+
+def test_reading_a_list_file_warns_nothing(tmp_path):
+    """Kills: the file opened line-buffered (Python warns that binary files cannot be)."""
+    import warnings
+
+    lst = tmp_path / "l.csv"
+    lst.write_text("a.jpg,cat\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert rows_of(read_list(lst)) == [("a.jpg", "cat")]
+
+
+def test_file_kinds_in_words():
+    """Kills: the fallback for a mode no test matches (a symlink's, 0) changed or dropped."""
+    import stat
+
+    from fastload.packing.sources import file_kind
+
+    got = [file_kind(m) for m in (stat.S_IFIFO, stat.S_IFCHR, stat.S_IFBLK, stat.S_IFSOCK, stat.S_IFDIR, stat.S_IFLNK, 0)]
+    assert got == ["FIFO", "character device", "block device", "socket", "directory", "special file", "special file"]
+
+
+@pytest.mark.parametrize(
+    "name, want",
+    [("\udc80", "\\x80"), ("\udcff", "\\xff"), ("\udc7f", "\\udc7f"), ("\udd00", "\\udd00"), ("a\udcc3b", "a\\xc3b"),
+     ("caf\u00e9", "caf\u00e9")],  # fmt: skip
+)
+def test_stored_names_escape_undecodable_bytes_and_other_surrogates(name, want):
+    """Kills: the surrogateescape range's bounds moved (0xdc80 and 0xdcff are bytes 0x80 and 0xff)."""
+    from fastload.packing.sources import stored_name
+
+    assert stored_name(name) == want
+
+
+# ----------------------------------------------------------------------------- in-memory datasets
+
+
+class Items:
+    def __init__(self, items) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+def test_dataset_label_and_length_errors_name_the_value_and_type():
+    """Kills: the refused label or its type left out of the message (``None`` in their place), for a string
+    and for a tensor of several values (whose ``.item()`` fails); the dataset's type left out."""
+    import torch
+
+    from fastload.packing.sources import DatasetSource, map_style_len
+
+    img = b"\xff\xd8"
+    for label, shown in (("cat", "'cat' (str)"), (torch.tensor([1, 2]), "tensor([1, 2]) (Tensor)"), (2.0, "2.0 (float)")):
+        with pytest.raises(ConfigError) as e:
+            DatasetSource(Items([(img, label)])).task(0)
+        assert str(e.value) == f"dataset[0]: label {shown} is not an integer; items must be (image, int label)"
+
+    class NoLen:
+        def __getitem__(self, i):
+            return img, 0
+
+    with pytest.raises(ConfigError) as e:
+        map_style_len(NoLen())
+    assert str(e.value) == "dataset: NoLen has no len(); pass a map-style dataset (len() and [i])"
+    with pytest.raises(ConfigError) as e:
+        map_style_len(Items([]))
+    assert str(e.value) == "dataset: Items is empty (len 0); nothing to pack"
+
+
+def test_class_names_refuse_what_is_not_a_list_of_names_and_read_no_more_than_needed():
+    """Kills: the not-a-list test joined by ``and`` (a string read as its letters, an int iterated), its
+    message's type name; more than MAX_CLASSES + 1 names read (an endless iterator would never end), the
+    too-many message."""
+    from fastload.packing.sources import MAX_CLASSES, class_names
+
+    for classes, kind in (("abc", "str"), (b"ab", "bytes"), (5, "int")):
+        with pytest.raises(ConfigError) as e:
+            class_names(None, classes)
+        assert str(e.value) == f"classes: expected a list of class names, got {kind}"
+
+    def names():
+        yield from range(MAX_CLASSES + 1)
+        raise AssertionError("read past MAX_CLASSES + 1 names")
+
+    with pytest.raises(ConfigError) as e:
+        class_names(None, names())
+    assert str(e.value) == f"classes: more than {MAX_CLASSES} class names; at most {MAX_CLASSES} (MAX_CLASSES) are supported"
+    assert class_names(None, iter(["b", "a"])) == ["b", "a"]
+
+
+def test_image_task_of_a_tensor_is_its_array_and_of_anything_else_an_error():
+    """Kills: the tensor test on another attribute or object, the tensor replaced by None; the unsupported
+    type's name left out."""
+    import numpy as np
+    import torch
+
+    from fastload.packing.sources import image_task
+
+    t = torch.arange(4 * 5 * 3, dtype=torch.uint8).reshape(4, 5, 3)
+    kind, data, label, name, where = image_task(t, 3, "dataset[1]")
+    assert (kind, label, name, where) == ("array", 3, "dataset[1]", "dataset[1]")
+    assert isinstance(data, np.ndarray) and np.array_equal(data, t.numpy())
+    assert image_task(2.5, 1, "dataset[2]") == (
+        "error", "unsupported image type float (need a PIL image, uint8 array or bytes)", 1, "dataset[2]", "dataset[2]")  # fmt: skip
+
+
+def test_a_whitespace_list_splits_at_the_last_space_or_tab(tmp_path):
+    """The label is what follows the last space or tab (the path may hold both). Kills: the first tab taken
+    for the last (``find`` for ``rfind``)."""
+    lst = tmp_path / "l.txt"
+    lst.write_text("a.jpg cat\nsome dir\tb.jpg\tdog\nc d.jpg\tcat\n")
+    assert rows_of(read_list(lst)) == [("a.jpg", "cat"), ("some dir\tb.jpg", "dog"), ("c d.jpg", "cat")]
+
+
+def test_the_class_count_bound_is_inclusive_and_names_the_file(tmp_path, monkeypatch):
+    """MAX_CLASSES class names are accepted, one more refused (the bound made small here). Kills: ``>=``
+    for ``>``."""
+    import fastload.packing.sources as sources
+
+    monkeypatch.setattr(sources, "MAX_CLASSES", 3)
+    lst = tmp_path / "l.csv"
+    lst.write_text("a.jpg,x\nb.jpg,y\nc.jpg,z\n")
+    assert read_list(lst).classes == ["x", "y", "z"]
+    lst.write_text("a.jpg,x\nb.jpg,y\nc.jpg,z\nd.jpg,w\n")
+    with pytest.raises(ConfigError) as e:
+        read_list(lst)
+    assert str(e.value) == f"SRC {lst}: 4 class names; at most 3 classes (MAX_CLASSES) are supported"
+
+
+def test_skipped_rows_are_logged_once_with_the_first(tmp_path, caplog):
+    """Kills: the warning's text or its first bad row left out."""
+    import logging
+
+    lst = tmp_path / "l.csv"
+    lst.write_text("a.jpg,cat\nlonely\nb.jpg,dog\nalone\n")
+    with caplog.at_level(logging.WARNING, logger="fastload.packing.sources"):
+        read_list(lst, on_error="skip")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{lst}: 2 row(s) that do not parse are skipped; the first, line 2: expected 'path,label', got ['lonely']"
+    ]
+
+
+def test_a_quoted_path_may_span_lines_and_a_long_bad_row_is_shown_whole(tmp_path):
+    """A row of two cells whose quoted path holds a newline is a row like any other; a bad row of up to 200
+    characters is shown whole (reprlib would cut a 50-character cell at 30). Kills: the quoted-cell test as
+    ``<= 2`` columns; reprlib used for short rows."""
+    lst = tmp_path / "l.csv"
+    lst.write_text('"a\nb.jpg",cat\n' + "p" * 50 + "\nc.jpg,dog\n")
+    src = read_list(lst, on_error="skip")
+    assert rows_of(src) == [("a\nb.jpg", "cat"), (f"{lst}:3", f"expected 'path,label', got ['{'p' * 50}']"), ("c.jpg", "dog")]
+
+
+def test_fingerprints_change_with_the_classes_and_the_samples(tmp_path):
+    """"A SHA-256 that changes whenever the list of samples or classes changes" (Source.fingerprint).
+    Kills: the classes left out of a list source's hash, a dataset source hashing a constant; the empty
+    class list's message."""
+    from fastload.packing.sources import DatasetSource, class_names
+
+    lst = tmp_path / "l.csv"
+    lst.write_text("a.jpg,1\nb.jpg,0\n")
+    ints = read_list(lst).fingerprint()
+    lst.write_text("a.jpg,dog\nb.jpg,cat\n")  # the same paths and labels (1, 0), other class names
+    names = read_list(lst).fingerprint()
+    assert len({ints, names}) == 2 and read_list(lst).fingerprint() == names
+    img = b"\xff\xd8"
+    a = DatasetSource(Items([(img, 0)] * 3), classes=["x", "y"]).fingerprint()
+    assert a == DatasetSource(Items([(img, 0)] * 3), classes=["x", "y"]).fingerprint()
+    assert len({a, DatasetSource(Items([(img, 0)] * 4), classes=["x", "y"]).fingerprint(),
+                DatasetSource(Items([(img, 0)] * 3), classes=["x", "z"]).fingerprint()}) == 3  # fmt: skip
+    with pytest.raises(ConfigError) as e:
+        class_names(None, [])
+    assert str(e.value) == "classes: the list of class names is empty"
+
+
+def test_sources_that_cannot_be_read_say_why(tmp_path):
+    """Kills: the OS's reason replaced by the exception's text, or looked up so that a ValueError (no
+    ``strerror``) fails; the folder's name left out, the no-class and no-image messages changed."""
+    from fastload.packing.sources import open_source, scan_folder
+
+    long_name = tmp_path / ("x" * 300)
+    cases = [
+        (long_name, f"SRC {long_name}: cannot access it: File name too long"),
+        (f"{tmp_path}/x\0y", f"SRC {tmp_path}/x\\x00y: cannot access it: embedded null byte"),
+    ]
+    for path, message in cases:
+        with pytest.raises(ConfigError) as e:
+            open_source(path)
+        assert str(e.value) == message
+    src = tmp_path / "src"
+    (src / "cat").mkdir(parents=True)
+    with pytest.raises(ConfigError) as e:
+        scan_folder(src)
+    assert str(e.value) == (f"SRC {src}: found no images in 1 class folder(s) "
+                            "(extensions: .jpg, .jpeg, .png, .ppm, .bmp, .pgm, .tif, .tiff, .webp)")  # fmt: skip
+    (src / "cat").rmdir()
+    (src / "a.jpg").write_bytes(b"")
+    with pytest.raises(ConfigError) as e:
+        scan_folder(src)
+    assert str(e.value) == (f"SRC {src}: no class folders found; an ImageFolder tree has one sub-folder per class "
+                            "(SRC/cat/1.jpg, SRC/dog/2.jpg), or pass a list file (.csv/.tsv/.txt)")  # fmt: skip

@@ -313,11 +313,12 @@ def _read_regular(path: str, what: str) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except (OSError, ValueError) as e:
         raise ConfigError(f"SRC {shown}: cannot read {what}: {getattr(e, 'strerror', None) or e}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # before open(): open() of a directory's fd raises IsADirectoryError
+        os.close(fd)
+        raise ConfigError(f"SRC {shown}: not a regular file ({file_kind(mode)}); a {what} must be a regular file")
     with open(fd, "rb", buffering=0) as f:
         try:
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
-                raise ConfigError(f"SRC {shown}: not a regular file ({file_kind(mode)}); a {what} must be a regular file")
             os.set_blocking(fd, True)
             return f.read()
         except OSError as e:
