@@ -50,6 +50,17 @@ def decode_batch(images: np.ndarray, mean=None, std=None) -> list[tuple[int, int
     return [decode_color(row) for row in c]
 
 
+def decode_batches(batches, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)) -> list[tuple[int, int]]:
+    """``(label, index)`` of every image of normalised ``(images, labels)`` batches, from the pixels; each
+    batch's label tensor is checked against what its pixels say."""
+    out = []
+    for x, y in batches:
+        dec = decode_batch(x.float().numpy(), mean, std)
+        assert [d[0] for d in dec] == y.tolist()  # the label tensor agrees with the pixels
+        out += dec
+    return out
+
+
 def write_image(path: Path, color, size=(64, 48), fmt: str | None = None, mode: str = "RGB", **save) -> Path:
     """Write a solid image of ``color`` and ``size`` (w, h) to ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)

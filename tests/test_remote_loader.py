@@ -23,7 +23,7 @@ import fastload
 from fastload import IMAGENET_MEAN, IMAGENET_STD, FastLoader
 from fastload.errors import FastloadError, RemoteError
 
-from conftest import decode_batch, encode_color, write_image
+from conftest import decode_batches, encode_color, write_image
 from s3server import Proxy, SeaweedServer
 
 pytest.importorskip("obstore")
@@ -69,12 +69,7 @@ def remote(s3, images, tmp_path_factory):
 
 
 def decoded(batches) -> list[tuple[int, int]]:
-    out = []
-    for x, y in batches:
-        dec = decode_batch(x.float().numpy(), IMAGENET_MEAN, IMAGENET_STD)
-        assert [d[0] for d in dec] == y.tolist()  # the label tensor agrees with the pixels
-        out += dec
-    return out
+    return decode_batches(batches, IMAGENET_MEAN, IMAGENET_STD)
 
 
 def every_sample_once(got: list[tuple[int, int]]) -> bool:

@@ -24,7 +24,7 @@ import fastload
 from fastload import IMAGENET_MEAN, IMAGENET_STD, FastLoader
 from fastload.errors import ConfigError, CorruptDataError
 
-from conftest import decode_batch, encode_color
+from conftest import decode_batches, encode_color
 from s3server import SeaweedServer
 
 obstore = pytest.importorskip("obstore")
@@ -67,12 +67,7 @@ def remote(s3, images, tmp_path_factory):
 
 
 def decoded(batches) -> list[tuple[int, int]]:
-    out = []
-    for x, y in batches:
-        dec = decode_batch(x.float().numpy(), IMAGENET_MEAN, IMAGENET_STD)
-        assert [d[0] for d in dec] == y.tolist()
-        out += dec
-    return out
+    return decode_batches(batches, IMAGENET_MEAN, IMAGENET_STD)
 
 
 def every_sample_once(got: list[tuple[int, int]]) -> bool:
