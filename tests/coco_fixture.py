@@ -84,3 +84,12 @@ def colour_box(image_chw: np.ndarray, colour: tuple[int, int, int], tol: float =
     if len(xs) == 0:
         return None
     return float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)
+
+
+def pack_painted(root: Path, out: Path, *, masks: str | None = "instance") -> dict[int, list[tuple[int, int, int]]]:
+    """:func:`write_coco` under ``root``, packed into ``out`` by ``fastload.pack_coco``; the colours of each image's boxes."""
+    import fastload
+
+    img_dir, ann, colours = write_coco(root)
+    fastload.pack_coco(img_dir, out, annotations=ann, masks=masks, workers=1, progress=False)
+    return colours

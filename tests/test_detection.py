@@ -18,7 +18,7 @@ import fastload
 from fastload.detection import DetectionLoader
 from fastload.errors import ConfigError
 
-from coco_fixture import IMAGES, colour_box, write_coco
+from coco_fixture import IMAGES, colour_box, pack_painted, write_coco
 
 torchvision = pytest.importorskip("torchvision")
 
@@ -183,9 +183,8 @@ def test_instance_masks_cover_their_painted_colour_after_resize_and_flip(tmp_pat
     """Kills: masks not flipped, masks resized to another size than the image, instance k not box k."""
     from coco_fixture import colour_mask
 
-    img_dir, ann, colours = write_coco(tmp_path / "src")
     out = tmp_path / "packed"
-    fastload.pack_coco(img_dir, out, annotations=ann, masks="instance", workers=1, progress=False)
+    colours = pack_painted(tmp_path / "src", out)
     loader = DetectionLoader(out, 3, fields=("image", "boxes", "mask", "image_id"), min_size=64, max_size=100, flip=flip)
     seen = 0
     for images, targets in loader:

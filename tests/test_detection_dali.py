@@ -21,7 +21,7 @@ import fastload
 from fastload.detection import DetectionLoader
 from fastload.errors import ConfigError
 
-from coco_fixture import colour_box, write_coco
+from coco_fixture import colour_box, pack_painted
 
 pytest.importorskip("nvidia.dali")
 
@@ -31,10 +31,8 @@ MAX_TOL, MEAN_TOL = 8 / 255, 0.5 / 255
 @pytest.fixture(scope="module")
 def painted(tmp_path_factory):
     root = tmp_path_factory.mktemp("dali-det")
-    img_dir, ann, colours = write_coco(root)
     out = root / "packed"
-    fastload.pack_coco(img_dir, out, annotations=ann, masks="instance", workers=1, progress=False)
-    return out, colours
+    return out, pack_painted(root, out)
 
 
 @pytest.fixture(scope="module")

@@ -17,15 +17,14 @@ import fastload
 from fastload.detection import DetectionLoader
 from fastload.errors import ConfigError
 
-from coco_fixture import IMAGES, write_coco
+from coco_fixture import IMAGES, pack_painted
 
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
-    img_dir, ann, _ = write_coco(root)
     out = root / "packed"
-    fastload.pack_coco(img_dir, out, annotations=ann, masks="instance", workers=1, progress=False)
+    pack_painted(root, out)
     return out
 
 
