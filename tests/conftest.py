@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from s3server import fresh_s3, s3  # noqa: F401  (fixtures: a real S3 server for the object-store tests)
+from azserver import azurite  # noqa: F401  (fixture: a real Azure Blob server for the az:// tests)
 
 STEP = 16
 

@@ -81,6 +81,10 @@ def _split_options(url: RemoteURL, options: Any) -> tuple[dict, dict]:
         env = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         if env:
             config["endpoint"] = env
+    if url.kind == "az" and not any(k in config for k in ("endpoint", "azure_storage_endpoint")):
+        env = os.environ.get("AZURE_STORAGE_ENDPOINT")
+        if env:
+            config["endpoint"] = env
     endpoint = str(config.get("endpoint") or config.get("endpoint_url") or "")
     if (endpoint.startswith("http://") or url.scheme == "http") and "allow_http" not in client:
         client["allow_http"] = True
@@ -180,6 +184,11 @@ class RemoteStore:
                     f"{where}: no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
                     "or pass storage_options={'access_key_id': ..., 'secret_access_key': ...}; for a public bucket "
                     "storage_options={'skip_signature': True}"
+                ) from None
+            if "builder error" in msg:  # the client could not make the request at all: asking again will not help
+                raise RemoteError(
+                    f"{where}: {what} could not be sent: {msg}; check the endpoint in storage_options or the "
+                    "environment (an http:// endpoint needs storage_options={'allow_http': True})"
                 ) from None
             if _CLIENT_ERROR.search(msg):  # 4xx but 408/429: asking again will not help
                 raise RemoteError(f"{where}: {what} refused by the server: {msg}") from None
