@@ -66,7 +66,8 @@ PY
 # Azurite, Azure Storage's emulator, is the Blob server of tests/test_remote_azure.py (an npm package: Node.js)
 if command -v npm >/dev/null; then
     log "installing Azurite (tests/azurite, npm ci)"
-    npm ci --prefix tests/azurite --no-audit --no-fund --ignore-scripts --loglevel=error >/dev/null
+    npm ci --prefix tests/azurite --no-audit --no-fund --ignore-scripts --loglevel=error >/dev/null \
+        || log "npm ci failed: the az:// tests (tests/test_remote_azure.py) will be skipped"
 else
     log "no npm: the az:// tests (tests/test_remote_azure.py) will be skipped; install Node.js and run setup again"
 fi
