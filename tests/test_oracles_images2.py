@@ -419,3 +419,147 @@ def test_an_unexpected_error_is_the_items_reason_with_its_type():
     never raised. Written for: the catch-all's message."""
     r = process_task(("array", [[1, 2]], 0, "n", "w"), ImageOptions())
     assert r == ("skip", "w", "cannot convert this image (AttributeError: 'list' object has no attribute 'dtype')")
+
+
+# ----------------------------------------------------------------------------- JPEG paths and header walks
+
+
+def test_plain_jpegs_flags_are_exactly_progressive_or_none():
+    """A plain baseline JPEG is stored as its bytes with flags 0, a progressive one with exactly
+    ``FLAG_PROGRESSIVE``. Written for: a non-progressive plain JPEG given a flag."""
+    from fastload.format import FLAG_PROGRESSIVE
+
+    for progressive, flags in ((False, 0), (True, FLAG_PROGRESSIVE)):
+        b = io.BytesIO()
+        Image.fromarray(smooth(40, 64)).save(b, "JPEG", progressive=progressive)
+        out = process_task(("bytes", b.getvalue(), 0, "n", "w"), ImageOptions())
+        header = decode_header(out)
+        assert (header.flags, record_payload(out, header)) == (flags, b.getvalue())
+
+
+def test_pil_loader_shrinks_a_turned_jpeg_without_turning_it():
+    """Under ``pil_loader`` with ``--max-size 32`` a 64x40 JPEG with orientation 6 is re-encoded as a
+    32x20 PNG, not turned (``pil_loader`` ignores the tag), flags resized only. Written for: the tag
+    rewrite taken for a JPEG that must shrink."""
+    raw = _jpeg_with_orientation(smooth(40, 64), 6)
+    out = process_task(("bytes", raw, 0, "n", "w"), ImageOptions(pil_loader=True, max_size=32))
+    header = decode_header(out)
+    assert (header.encoding, header.flags, header.width, header.height) == (ENC_PNG, FLAG_RESIZED, 32, 20)
+
+
+def test_a_shrunk_jpeg_goes_through_pils_dct_draft():
+    """A 1001x1001 JPEG with ``--max-size 250``: the stored JPEG is exactly PIL's documented fast path,
+    ``draft`` to at least 250x250 (a 1/4 scale), then LANCZOS into 250x250 from the draft's box, encoded
+    at quality 95. Written for: the draft skipped for a JPEG read whole (a full-scale decode instead)."""
+    raw = _jpeg(smooth(1001, 1001) // 2 + 60)
+    with Image.open(io.BytesIO(raw)) as im:
+        _, box = im.draft(None, (250, 250))
+        want = io.BytesIO()
+        im.convert("RGB").resize((250, 250), Image.Resampling.LANCZOS, box=box).save(want, "JPEG", quality=95)
+    out = process_task(("bytes", raw, 0, "n", "w"), ImageOptions(max_size=250))
+    assert record_payload(out, decode_header(out)) == want.getvalue()
+
+
+def test_a_jpeg_cut_in_its_scan_is_refused_as_truncated():
+    """A JPEG cut at four fifths (inside its scan, no end-of-image marker): ``truncated JPEG (no
+    end-of-image marker)``. Written for: the message."""
+    rng = np.random.default_rng(0)
+    raw = _jpeg(rng.integers(0, 256, (128, 128, 3), np.uint8))
+    r = process_task(("bytes", raw[: len(raw) * 4 // 5], 0, "n", "w"), ImageOptions())
+    assert r == ("skip", "w", "truncated JPEG (no end-of-image marker)")
+
+
+def _sof1_12bit() -> bytes:
+    return _seg(0xC1, struct.pack(">BHHB", 12, 8, 8, 3) + bytes([1, 0x11, 0, 2, 0x11, 0, 3, 0x11, 0]))
+
+
+@pytest.mark.parametrize(
+    "lead, found",
+    [
+        (b"", True),
+        (b"\xff\xff\xff", True),  # fill bytes (T.81 B.1.1.2)
+        (b"\xff\xd0\xff\xd7", True),  # RST0, RST7: no length
+        (b"\xff\x01", True),  # TEM: no length
+        (_seg(0xE0, b"JFIF\0") + b"\x00\x00\x00\x02", False),  # not a marker: the walk stops there
+    ],
+)
+def test_the_frame_of_a_12_bit_jpeg_is_found_past_what_precedes_it(lead, found):
+    """A 12-bit SOF1 header after fill bytes and parameterless markers is found (the 12-bit message);
+    after a byte that is no marker it is not (the walk stops: a corrupt header). Written for: fill bytes
+    or parameterless markers taken for segments, the walk going on past a non-marker."""
+    raw = b"\xff\xd8" + _seg(0xE0, b"JFIF\0") + lead + _sof1_12bit() + _seg(0xDA, bytes([3, 1, 0, 2, 0, 3, 0, 0, 63, 0]))
+    r = process_task(("bytes", raw + b"\0" * 8 + b"\xff\xd9", 0, "n", "w"), ImageOptions())
+    reason = "12-bit extended sequential (SOF1) JPEG: only 8-bit JPEGs can be decoded and stored"
+    assert r == ("skip", "w", reason if found else "truncated or corrupt JPEG (cannot parse its header)")
+
+
+def test_scan_jpeg_steps_over_a_stray_soi():
+    """An SOI marker (FFD8, no length) inside the header is stepped over like RSTn. Written for: D8 left
+    out of the parameterless range."""
+    from fastload.packing.images import scan_jpeg
+
+    sof = _seg(0xC0, struct.pack(">BHHB", 8, 30, 40, 3) + bytes([1, 0x11, 0, 2, 0x11, 1, 3, 0x11, 1]))
+    sos = _seg(0xDA, bytes([3, 1, 0, 2, 0x11, 3, 0x11, 0, 63, 0]))
+    assert scan_jpeg(memoryview(b"\xff\xd8\xff\xd8" + sof + sos)) == (40, 30, False)
+
+
+def test_upright_tag_walks_lengths_of_both_bytes_and_stops_at_a_non_marker():
+    """An APP segment whose length's two bytes differ (0x0134) before the Exif is stepped over whole; a
+    byte that is no marker ends the walk (an Exif after it is not rewritten). Written for: the length's
+    high byte misread, the walk going on past a non-marker, a segment stepped backwards."""
+    jpg = _jpeg(coords(16, 24))
+    exif = _seg(0xE1, b"Exif\0\0" + _ifd(b"II", [(0x0112, 3, 1, _short(b"II", 6))]))
+    raw = jpg[:2] + _seg(0xE2, b"y" * 306) + exif + jpg[2:]
+    out = upright_tag(raw)
+    at = 2 + 310 + 4 + 6 + 10 + 8
+    assert out == raw[:at] + b"\x01\x00" + raw[at + 2 :]
+    stray = jpg[:2] + b"\x00\x00\x00\x02" + exif + jpg[2:]
+    assert upright_tag(stray) == stray
+
+
+def test_pil_loader_refuses_a_mode_torchvision_cannot_convert():
+    """Under ``pil_loader`` an ``La`` image is refused as torchvision's ``pil_loader`` would fail on it,
+    saying so. Written for: the message, the conversion dropped."""
+    r = process_task(("pil", Image.new("La", (3, 2)), 0, "n", "w"), ImageOptions(pil_loader=True))
+    assert r == ("skip", "w", "cannot convert mode La to RGB (conversion from La to L not supported), "
+                 "nor can torchvision's pil_loader")  # fmt: skip
+
+
+def test_a_pil_image_whose_exif_cannot_be_read_is_taken_as_upright():
+    """A PIL image whose ``getexif`` raises (malformed Exif) is stored unturned, flags converted only, as
+    decoders ignore such Exif. Written for: another orientation assumed."""
+    im = Image.fromarray(smooth(40, 64))
+
+    def broken():
+        raise SyntaxError("bad Exif")
+
+    im.getexif = broken
+    header, _, _ = packed(("pil", im, 0, "p", "p"))
+    assert (header.flags, header.width, header.height) == (FLAG_CONVERTED, 64, 40)
+
+
+def test_out_of_memory_is_the_items_reason():
+    """A MemoryError while converting one item skips it with advice, never ends the pack. Written for:
+    the message."""
+
+    class Huge:
+        @property
+        def dtype(self):
+            raise MemoryError
+
+    assert process_task(("array", Huge(), 0, "n", "w"), ImageOptions()) == (
+        "skip", "w", "out of memory while decoding (lower --max-pixels?)")  # fmt: skip
+
+
+def test_a_file_of_exactly_the_size_limit_is_read_whole(tmp_path):
+    """A JPEG padded with zeros to exactly ``max_file_bytes`` (``--max-pixels 1``: 16 MiB + 8) ending in an
+    EOI: every byte is read and stored. Written for: the read's bound one short of the limit (the last
+    byte dropped)."""
+    jpg = _jpeg(coords(1, 1))
+    limit = 8 + (16 << 20)
+    raw = jpg + b"\0" * (limit - len(jpg) - 2) + b"\xff\xd9"
+    p = tmp_path / "a.jpg"
+    p.write_bytes(raw)
+    out = process_task(("file", str(p), 0, "n", "w"), ImageOptions(max_pixels=1))
+    assert isinstance(out, bytes), out
+    assert record_payload(out, decode_header(out)) == raw
