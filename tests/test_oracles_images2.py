@@ -563,3 +563,17 @@ def test_a_file_of_exactly_the_size_limit_is_read_whole(tmp_path):
     out = process_task(("file", str(p), 0, "n", "w"), ImageOptions(max_pixels=1))
     assert isinstance(out, bytes), out
     assert record_payload(out, decode_header(out)) == raw
+
+
+def test_upright_tag_reads_the_exif_only_within_its_segments_length():
+    """An Exif segment whose declared length ends one byte before its Orientation entry does: the entry
+    is past the segment, so nothing is rewritten (the bytes after the segment are not the Exif's).
+    Written for: the segment's end taken one byte too far."""
+    jpg = _jpeg(coords(16, 24))
+    tiff = _ifd(b"II", [(0x0112, 3, 1, _short(b"II", 6))])[:-4]  # no next-IFD offset: the entry ends the body
+    body = b"Exif\0\0" + tiff
+    raw = jpg[:2] + b"\xff\xe1" + struct.pack(">H", 2 + len(body) - 1) + body + jpg[2:]
+    assert upright_tag(raw) == raw
+    whole = jpg[:2] + b"\xff\xe1" + struct.pack(">H", 2 + len(body)) + body + jpg[2:]
+    at = 2 + 4 + 6 + 10 + 8
+    assert upright_tag(whole) == whole[:at] + b"\x01\x00" + whole[at + 2 :]
