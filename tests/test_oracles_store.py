@@ -5,18 +5,22 @@
 ``drop_cached`` against what the page cache must hold of a file just written and read (all of it, a
 size that is not a whole number of pages included) and after the drop (none of it, on a disk
 filesystem). ``HeaderStats`` against counts made by hand from the flag bits of ``fastload.format``.
+``fastload.store.files``' refusals (a directory, a FIFO, a dangling symlink, a file outside its
+dataset, a size that changed) against their errno and reason written out.
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import mmap
 import os
+import stat
 
 import pytest
 
 from fastload.format import RecordHeader
-from fastload.store import hashes, pagecache
+from fastload.store import files, hashes, pagecache
 
 STATUS = """Name:\tpython
 Umask:\t0022
@@ -159,3 +163,68 @@ def test_header_stats_of_no_records() -> None:
         "width": {"min": 0, "median": 0, "max": 0},
         "height": {"min": 0, "median": 0, "max": 0},
     }
+
+
+@pytest.mark.parametrize(
+    "mode,kind",
+    [
+        (stat.S_IFDIR | 0o755, "a directory"),
+        (stat.S_IFIFO | 0o644, "a FIFO"),
+        (stat.S_IFCHR | 0o666, "a character device"),
+        (stat.S_IFBLK | 0o660, "a block device"),
+        (stat.S_IFSOCK | 0o777, "a socket"),
+        (stat.S_IFLNK | 0o777, "not a regular file"),
+    ],
+)
+def test_file_kind_names_each_kind_of_file(mode: int, kind: str) -> None:
+    """Each st_mode type is named as the refusals write it; a type with no name of its own is 'not a regular file'."""
+    assert files.file_kind(mode) == kind
+
+
+def test_stat_regular_refusals_say_what_the_file_is(tmp_path) -> None:
+    """Directory, FIFO, dangling symlink, a NUL in the name, a file outside `within`: each with its errno and reason."""
+    d = tmp_path / "d"
+    d.mkdir()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "link"
+    os.symlink("nowhere", link)
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"z")
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    os.symlink(outside, ds / "escape.bin")
+    cases = [
+        (d, {}, errno.EINVAL, "is a directory, not a regular file"),
+        (fifo, {}, errno.EINVAL, "is a FIFO, not a regular file"),
+        (link, {}, errno.ENOENT, "is a symlink to 'nowhere', which does not exist"),
+        (ds / "escape.bin", {"within": ds}, errno.EXDEV, f"resolves to {str(outside)!r}, outside the dataset directory"),
+    ]
+    for path, kw, code, reason in cases:
+        with pytest.raises(files.UnusableFileError) as ei:
+            files.stat_regular(path, **kw)
+        assert (ei.value.errno, ei.value.strerror, ei.value.filename) == (code, reason, os.fspath(path))
+        assert files.file_problem(ei.value) == reason
+    with pytest.raises(files.UnusableFileError) as ei:
+        files.stat_regular(str(tmp_path / "a\0b"))
+    assert ei.value.errno == errno.EINVAL and ei.value.strerror.startswith("has an unusable name (")
+    assert files.stat_regular(outside, within=tmp_path).st_size == 1
+
+
+def test_file_problem_of_plain_os_errors() -> None:
+    """A missing file 'is missing'; another OSError 'cannot be opened (its strerror, or its type's name)'."""
+    assert files.file_problem(FileNotFoundError(errno.ENOENT, "No such file or directory")) == "is missing"
+    assert files.file_problem(PermissionError(errno.EACCES, "Permission denied")) == "cannot be opened (Permission denied)"
+    assert files.file_problem(OSError()) == "cannot be opened (OSError)"
+
+
+def test_read_regular_refuses_a_file_whose_size_changed(tmp_path) -> None:
+    """A file not of the size checked before is refused as changed, naming both sizes; of that size, read whole."""
+    p = tmp_path / "f.bin"
+    p.write_bytes(b"abcdef")
+    assert files.read_regular(p, 6) == b"abcdef"
+    for size in (5, 7):
+        with pytest.raises(files.UnusableFileError) as ei:
+            files.read_regular(p, size)
+        assert (ei.value.errno, ei.value.strerror, ei.value.filename) == (
+            errno.ESTALE, f"changed while being opened (6 bytes, expected {size})", str(p))  # fmt: skip
