@@ -11,6 +11,7 @@ dataset, a size that changed) against their errno and reason written out.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import io
 import mmap
@@ -228,3 +229,38 @@ def test_read_regular_refuses_a_file_whose_size_changed(tmp_path) -> None:
             files.read_regular(p, size)
         assert (ei.value.errno, ei.value.strerror, ei.value.filename) == (
             errno.ESTALE, f"changed while being opened (6 bytes, expected {size})", str(p))  # fmt: skip
+
+
+class FakeLibc:
+    """A libc whose mmap or mincore fails with ENOMEM (ctypes' errno set as the call would)."""
+
+    class Call:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __call__(self, *args):
+            return self.fn(*args)
+
+    def __init__(self, fail: str):
+        def mmap_(*args):
+            if fail == "mmap":
+                ctypes.set_errno(errno.ENOMEM)
+                return ctypes.c_void_p(-1).value
+            return 4096
+
+        def mincore(*args):
+            ctypes.set_errno(errno.ENOMEM)
+            return -1
+
+        self.mmap, self.munmap, self.mincore = self.Call(mmap_), self.Call(lambda *a: 0), self.Call(mincore)
+
+
+@pytest.mark.parametrize("fail", ["mmap", "mincore"])
+def test_resident_bytes_reports_a_failed_mmap_or_mincore_naming_the_file(tmp_path, monkeypatch, fail: str) -> None:
+    """mmap returning MAP_FAILED, or mincore -1, is an OSError with libc's errno, the call's name and the path."""
+    p = tmp_path / "f.bin"
+    p.write_bytes(b"q" * 10)
+    monkeypatch.setattr(ctypes, "CDLL", lambda *a, **kw: FakeLibc(fail))
+    with pytest.raises(OSError) as ei:
+        pagecache.resident_bytes(p)
+    assert (ei.value.errno, ei.value.strerror, ei.value.filename) == (errno.ENOMEM, f"{fail} failed", str(p))
