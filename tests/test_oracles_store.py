@@ -1,0 +1,266 @@
+"""fastload.store's page-cache readings and header statistics, against hand-built inputs.
+
+``process_memory`` against a ``/proc/self/status`` text written out by hand (its kB values times
+1024, the fields it does not read ignored, a malformed file read as zeros). ``resident_bytes`` and
+``drop_cached`` against what the page cache must hold of a file just written and read (all of it, a
+size that is not a whole number of pages included) and after the drop (none of it, on a disk
+filesystem). ``HeaderStats`` against counts made by hand from the flag bits of ``fastload.format``.
+``fastload.store.files``' refusals (a directory, a FIFO, a dangling symlink, a file outside its
+dataset, a size that changed) against their errno and reason written out.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import io
+import mmap
+import os
+import stat
+
+import pytest
+
+from fastload.format import RecordHeader
+from fastload.store import files, hashes, pagecache
+
+STATUS = """Name:\tpython
+Umask:\t0022
+VmPeak:\t  999999 kB
+VmRSS:\t  123456 kB
+RssAnon:\t   100000 kB
+RssFile:\t    20000 kB
+RssShmem:\t    3456 kB
+VmSwap:\t       7 kB
+"""
+
+
+def fake_open(text: str):
+    def opener(path, *args, **kwargs):
+        assert path == "/proc/self/status"
+        return io.StringIO(text)
+
+    return opener
+
+
+def test_process_memory_reads_the_four_fields_in_bytes(monkeypatch) -> None:
+    """Each of VmRSS, RssAnon, RssFile, RssShmem is reported under its own name, kB times 1024."""
+    monkeypatch.setattr(pagecache, "open", fake_open(STATUS), raising=False)
+    assert pagecache.process_memory() == {"rss": 123456 * 1024, "anon": 100000 * 1024, "file": 20000 * 1024, "shmem": 3456 * 1024}
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["VmRSS:\tmany kB\n", "VmRSS:\n"],
+    ids=["not-a-number", "no-value"],
+)
+def test_process_memory_of_a_malformed_status_is_zeros(monkeypatch, text: str) -> None:
+    """A status line that does not parse gives zeros, not an error."""
+    monkeypatch.setattr(pagecache, "open", fake_open(text), raising=False)
+    assert pagecache.process_memory() == {"rss": 0, "anon": 0, "file": 0, "shmem": 0}
+
+
+def test_process_memory_without_proc_is_zeros(monkeypatch) -> None:
+    """No /proc (another platform) gives zeros for every field."""
+
+    def missing(*args, **kwargs):
+        raise FileNotFoundError("/proc/self/status")
+
+    monkeypatch.setattr(pagecache, "open", missing, raising=False)
+    assert pagecache.process_memory() == {"rss": 0, "anon": 0, "file": 0, "shmem": 0}
+
+
+def test_process_memory_of_this_process_matches_its_status() -> None:
+    """The real reading: rss is VmRSS of /proc/self/status (read here by hand), within what a read allocates."""
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("no /proc")
+    got = pagecache.process_memory()
+    with open("/proc/self/status") as f:
+        rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    assert set(got) == {"rss", "anon", "file", "shmem"}
+    assert abs(got["rss"] - rss) < 64 * 1024 * 1024
+    assert got["anon"] > 0 and got["file"] > 0
+
+
+@pytest.mark.parametrize("pages,extra", [(0, 1), (3, 5), (4, 0)])
+def test_resident_bytes_of_a_file_just_read_is_its_size_and_zero_after_the_drop(tmp_path, pages: int, extra: int) -> None:
+    """A file written and read is all in the page cache (its size, not a page multiple); after drop_cached none of it."""
+    size = pages * mmap.PAGESIZE + extra
+    p = tmp_path / "f.bin"
+    p.write_bytes(os.urandom(size))
+    assert p.read_bytes()  # in the page cache now
+    assert pagecache.resident_bytes(p) == size
+    pagecache.drop_cached(p)
+    assert pagecache.resident_bytes(p) == 0
+
+
+def test_resident_bytes_of_an_empty_file_is_zero(tmp_path) -> None:
+    """An empty file holds no pages (and cannot be mapped)."""
+    p = tmp_path / "empty"
+    p.write_bytes(b"")
+    assert pagecache.resident_bytes(p) == 0
+
+
+def test_drop_cached_goes_on_when_fsync_is_refused(tmp_path, monkeypatch) -> None:
+    """A filesystem that refuses fsync of a read-only descriptor does not stop the drop."""
+    p = tmp_path / "f.bin"
+    p.write_bytes(b"x" * (2 * mmap.PAGESIZE))
+    os.sync()
+    assert p.read_bytes()
+
+    def refused(fd):
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(os, "fsync", refused)
+    pagecache.drop_cached(p)
+    assert pagecache.resident_bytes(p) == 0
+
+
+def test_drop_cached_closes_its_descriptor(tmp_path) -> None:
+    """drop_cached leaves no descriptor open (counted in /proc/self/fd)."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("no /proc")
+    p = tmp_path / "f.bin"
+    p.write_bytes(b"y" * 100)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        pagecache.drop_cached(p)
+        pagecache.resident_bytes(p)
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def header(encoding: int, flags: int, label: int = 0, width: int = 1, height: int = 1, payload_len: int = 0) -> RecordHeader:
+    return RecordHeader(encoding, flags, label, width, height, width, height, 0, payload_len, 0)
+
+
+def test_header_stats_count_each_flag_bit_once_per_record() -> None:
+    """Flag bits 1/2/8/4 are counted as progressive/converted/oriented/resized, one per record that has them."""
+    st = hashes.HeaderStats()
+    st.add(header(1, 1 | 8, label=3, width=10, height=20, payload_len=100))
+    st.add(header(1, 1 | 2 | 4 | 8, label=-1, width=30, height=40, payload_len=50))
+    st.add(header(2, 0, label=7, width=20, height=60, payload_len=7))
+    st.add(header(9, 4, label=0, width=5, height=5, payload_len=1))
+    assert st.to_json() == {
+        "payload_bytes": 158,
+        "encodings": {"9": 1, "jpeg": 2, "png": 1},
+        "progressive": 2,
+        "converted": 1,
+        "oriented": 2,
+        "resized": 2,
+        "width": {"min": 5, "median": 15, "max": 30},
+        "height": {"min": 5, "median": 30, "max": 60},
+    }
+    assert list(st.labels) == [3, -1, 7, 0]
+
+
+def test_header_stats_of_no_records() -> None:
+    """No records: zero counts, every flag present at 0, and 0/0/0 distributions."""
+    assert hashes.HeaderStats().to_json() == {
+        "payload_bytes": 0,
+        "encodings": {},
+        "progressive": 0,
+        "converted": 0,
+        "oriented": 0,
+        "resized": 0,
+        "width": {"min": 0, "median": 0, "max": 0},
+        "height": {"min": 0, "median": 0, "max": 0},
+    }
+
+
+@pytest.mark.parametrize(
+    "mode,kind",
+    [
+        (stat.S_IFDIR | 0o755, "a directory"),
+        (stat.S_IFIFO | 0o644, "a FIFO"),
+        (stat.S_IFCHR | 0o666, "a character device"),
+        (stat.S_IFBLK | 0o660, "a block device"),
+        (stat.S_IFSOCK | 0o777, "a socket"),
+        (stat.S_IFLNK | 0o777, "not a regular file"),
+    ],
+)
+def test_file_kind_names_each_kind_of_file(mode: int, kind: str) -> None:
+    """Each st_mode type is named as the refusals write it; a type with no name of its own is 'not a regular file'."""
+    assert files.file_kind(mode) == kind
+
+
+def test_stat_regular_refusals_say_what_the_file_is(tmp_path) -> None:
+    """Directory, FIFO, dangling symlink, a NUL in the name, a file outside `within`: each with its errno and reason."""
+    d = tmp_path / "d"
+    d.mkdir()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "link"
+    os.symlink("nowhere", link)
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"z")
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    os.symlink(outside, ds / "escape.bin")
+    cases = [
+        (d, {}, errno.EINVAL, "is a directory, not a regular file"),
+        (fifo, {}, errno.EINVAL, "is a FIFO, not a regular file"),
+        (link, {}, errno.ENOENT, "is a symlink to 'nowhere', which does not exist"),
+        (ds / "escape.bin", {"within": ds}, errno.EXDEV, f"resolves to {str(outside)!r}, outside the dataset directory"),
+    ]
+    for path, kw, code, reason in cases:
+        with pytest.raises(files.UnusableFileError) as ei:
+            files.stat_regular(path, **kw)
+        assert (ei.value.errno, ei.value.strerror, ei.value.filename) == (code, reason, os.fspath(path))
+        assert files.file_problem(ei.value) == reason
+    with pytest.raises(files.UnusableFileError) as ei:
+        files.stat_regular(str(tmp_path / "a\0b"))
+    assert ei.value.errno == errno.EINVAL and ei.value.strerror.startswith("has an unusable name (")
+    assert files.stat_regular(outside, within=tmp_path).st_size == 1
+
+
+def test_file_problem_of_plain_os_errors() -> None:
+    """A missing file 'is missing'; another OSError 'cannot be opened (its strerror, or its type's name)'."""
+    assert files.file_problem(FileNotFoundError(errno.ENOENT, "No such file or directory")) == "is missing"
+    assert files.file_problem(PermissionError(errno.EACCES, "Permission denied")) == "cannot be opened (Permission denied)"
+    assert files.file_problem(OSError()) == "cannot be opened (OSError)"
+
+
+def test_read_regular_refuses_a_file_whose_size_changed(tmp_path) -> None:
+    """A file not of the size checked before is refused as changed, naming both sizes; of that size, read whole."""
+    p = tmp_path / "f.bin"
+    p.write_bytes(b"abcdef")
+    assert files.read_regular(p, 6) == b"abcdef"
+    for size in (5, 7):
+        with pytest.raises(files.UnusableFileError) as ei:
+            files.read_regular(p, size)
+        assert (ei.value.errno, ei.value.strerror, ei.value.filename) == (
+            errno.ESTALE, f"changed while being opened (6 bytes, expected {size})", str(p))  # fmt: skip
+
+
+class FakeLibc:
+    """A libc whose mmap or mincore fails with ENOMEM (ctypes' errno set as the call would)."""
+
+    class Call:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __call__(self, *args):
+            return self.fn(*args)
+
+    def __init__(self, fail: str):
+        def mmap_(*args):
+            if fail == "mmap":
+                ctypes.set_errno(errno.ENOMEM)
+                return ctypes.c_void_p(-1).value
+            return 4096
+
+        def mincore(*args):
+            ctypes.set_errno(errno.ENOMEM)
+            return -1
+
+        self.mmap, self.munmap, self.mincore = self.Call(mmap_), self.Call(lambda *a: 0), self.Call(mincore)
+
+
+@pytest.mark.parametrize("fail", ["mmap", "mincore"])
+def test_resident_bytes_reports_a_failed_mmap_or_mincore_naming_the_file(tmp_path, monkeypatch, fail: str) -> None:
+    """mmap returning MAP_FAILED, or mincore -1, is an OSError with libc's errno, the call's name and the path."""
+    p = tmp_path / "f.bin"
+    p.write_bytes(b"q" * 10)
+    monkeypatch.setattr(ctypes, "CDLL", lambda *a, **kw: FakeLibc(fail))
+    with pytest.raises(OSError) as ei:
+        pagecache.resident_bytes(p)
+    assert (ei.value.errno, ei.value.strerror, ei.value.filename) == (errno.ENOMEM, f"{fail} failed", str(p))
