@@ -12,9 +12,7 @@ The fixture ``azurite`` (one server per test module) is made available to every 
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.error
@@ -24,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from s3server import free_ports
+from s3server import free_ports, kill_group
 
 #: Azurite's development account (public, documented by Microsoft for the emulator).
 ACCOUNT = "devstoreaccount1"
@@ -87,12 +85,7 @@ class AzuriteServer:
 
     def stop(self) -> None:
         """Kill the server's process group (SIGKILL) and wait for it."""
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(timeout=30)
+        kill_group(self.proc)
         self.proc = None
 
     def client(self):

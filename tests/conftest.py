@@ -72,6 +72,20 @@ def write_image(path: Path, color, size=(64, 48), fmt: str | None = None, mode: 
     return path
 
 
+def paint_folder(root: Path, classes: int = 3, per_class: int = 4, size=(64, 48), ext: str = ".jpg",
+                 quality: int | None = 95, digits: int = 4) -> Path:  # fmt: skip
+    """An ImageFolder at ``root``: ``class_<label>/img_<j>`` images, numbered in torchvision ImageFolder
+    order, each a solid colour that encodes (label, index); ``quality`` None: PIL's default."""
+    index = 0
+    for label in range(classes):
+        for j in range(per_class):
+            p = root / f"class_{label}" / f"img_{j:0{digits}d}{ext}"
+            kw = {"quality": quality} if quality is not None and ext in (".jpg", ".jpeg") else {}
+            write_image(p, encode_color(label, index), size=size, **kw)
+            index += 1
+    return root
+
+
 @pytest.fixture
 def make_folder(tmp_path: Path) -> Callable[..., Path]:
     """Factory: ``make_folder(classes=3, per_class=4, size=(64, 48), ext=".jpg")`` -> root.
@@ -83,15 +97,7 @@ def make_folder(tmp_path: Path) -> Callable[..., Path]:
 
     def make(classes: int = 3, per_class: int = 4, size=(64, 48), ext: str = ".jpg", name: str | None = None, quality: int = 95) -> Path:
         counter["n"] += 1
-        root = tmp_path / (name or f"images{counter['n']}")
-        index = 0
-        for label in range(classes):
-            for j in range(per_class):
-                p = root / f"class_{label}" / f"img_{j:04d}{ext}"
-                kw = {"quality": quality} if ext in (".jpg", ".jpeg") else {}
-                write_image(p, encode_color(label, index), size=size, **kw)
-                index += 1
-        return root
+        return paint_folder(tmp_path / (name or f"images{counter['n']}"), classes, per_class, size, ext, quality)
 
     return make
 

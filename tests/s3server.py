@@ -64,6 +64,16 @@ def free_ports(n: int) -> list[int]:
     return out
 
 
+def kill_group(proc: subprocess.Popen | None) -> None:
+    """Kill the process group of ``proc`` (started with ``start_new_session=True``) and wait for it."""
+    if proc is not None and proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+
+
 class SeaweedServer:
     """One ``weed mini`` process (master, volume, filer and S3 gateway) on 127.0.0.1."""
 
@@ -143,12 +153,7 @@ class SeaweedServer:
 
     def stop(self) -> None:
         """Kill the server's whole process group (SIGKILL) and wait for it."""
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(timeout=30)
+        kill_group(self.proc)
         self.proc = None
 
     def make_bucket(self, name: str | None = None) -> str:

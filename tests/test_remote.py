@@ -22,7 +22,7 @@ from fastload.cli import main
 from fastload.errors import ConfigError, CorruptDataError, FormatError, PackError, RemoteError
 from fastload.remote import is_url, parse_url
 
-from conftest import decode_color, encode_color, write_image
+from conftest import decode_color, paint_folder
 from s3server import ACCESS_KEY, SECRET_KEY, Proxy, SeaweedServer
 
 obstore = pytest.importorskip("obstore")
@@ -32,13 +32,7 @@ N_CLASSES, PER_CLASS = 3, 8  # 24 images, one per 4 KB shard: 24 shards
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("images")
-    i = 0
-    for label in range(N_CLASSES):
-        for j in range(PER_CLASS):
-            write_image(root / f"class_{label}" / f"img_{j:03d}.jpg", encode_color(label, i), size=(64, 48))
-            i += 1
-    return root
+    return paint_folder(tmp_path_factory.mktemp("images"), N_CLASSES, PER_CLASS, quality=None, digits=3)
 
 
 @pytest.fixture(autouse=True)

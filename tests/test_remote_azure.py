@@ -25,7 +25,7 @@ from fastload.errors import CorruptDataError, FormatError, RemoteError
 
 
 from azserver import ACCOUNT_KEY
-from conftest import decode_batches, encode_color, write_image
+from conftest import decode_batches, paint_folder
 
 pytest.importorskip("obstore")
 
@@ -35,13 +35,7 @@ SHARD_SIZE = "4KB"
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("images")
-    i = 0
-    for label in range(N_CLASSES):
-        for j in range(PER_CLASS):
-            write_image(root / f"class_{label}" / f"img_{j:03d}.jpg", encode_color(label, i), size=(64, 48))
-            i += 1
-    return root
+    return paint_folder(tmp_path_factory.mktemp("images"), N_CLASSES, PER_CLASS, quality=None, digits=3)
 
 
 @pytest.fixture(autouse=True)

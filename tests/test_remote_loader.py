@@ -23,7 +23,7 @@ import fastload
 from fastload import IMAGENET_MEAN, IMAGENET_STD, FastLoader
 from fastload.errors import FastloadError, RemoteError
 
-from conftest import decode_batches, encode_color, write_image
+from conftest import decode_batches, paint_folder
 from s3server import Proxy, SeaweedServer
 
 pytest.importorskip("obstore")
@@ -33,12 +33,7 @@ SHARD_SIZE = "16KB"
 
 
 def make_images(root: Path) -> Path:
-    i = 0
-    for label in range(N_CLASSES):
-        for j in range(PER_CLASS):
-            write_image(root / f"class_{label}" / f"img_{j:03d}.jpg", encode_color(label, i), size=(64, 48))
-            i += 1
-    return root
+    return paint_folder(root, N_CLASSES, PER_CLASS, quality=None, digits=3)
 
 
 @pytest.fixture(scope="module")
