@@ -22,6 +22,7 @@ import pytest
 from PIL import Image
 from s3server import fresh_s3, s3  # noqa: F401  (fixtures: a real S3 server for the object-store tests)
 from azserver import azurite  # noqa: F401  (fixture: a real Azure Blob server for the az:// tests)
+from gcsserver import gcs  # noqa: F401  (fixture: a real Google Cloud Storage server for the gs:// tests)
 
 STEP = 16
 

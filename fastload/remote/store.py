@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -34,6 +35,19 @@ _CLIENT_DEFAULTS = {"connect_timeout": "5s", "read_timeout": "30s", "pool_max_id
 #: The process that first made a request: obstore's runtime (tokio) does not survive ``fork``, so a
 #: forked child that made a request would wait forever (measured: a new client in the child too).
 _RUNTIME_PID: int | None = None
+
+#: ``storage_options`` keys (their prefixes) that give a ``gs://`` client its credentials: with one of
+#: them, ``STORAGE_EMULATOR_HOST`` is not read.
+_GOOGLE_CREDENTIAL_KEYS = ("service_account", "google_service_account", "application_credentials",
+                           "google_application_credentials")  # fmt: skip
+
+#: Where the credentials of each store kind come from, for the errors that say so.
+_CREDENTIALS_HINT = {
+    "s3": "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, or storage_options",
+    "gs": "GOOGLE_APPLICATION_CREDENTIALS or GOOGLE_SERVICE_ACCOUNT, or storage_options={'service_account_path': ...}",
+    "az": "AZURE_STORAGE_ACCOUNT_NAME/AZURE_STORAGE_ACCOUNT_KEY, or storage_options",
+    "http": "storage_options",
+}
 
 _CLIENT_ERROR = re.compile(r"status(?: code)?:? 4(?!08|29)\d\d")
 
@@ -86,6 +100,14 @@ def _split_options(url: RemoteURL, options: Any) -> tuple[dict, dict]:
         if env:
             config["endpoint"] = env
     endpoint = str(config.get("endpoint") or config.get("endpoint_url") or "")
+    if url.kind == "gs" and not any(k.startswith(_GOOGLE_CREDENTIAL_KEYS) for k in config):
+        env = os.environ.get("STORAGE_EMULATOR_HOST")  # Google's convention for an emulator (its clients, gcsfs)
+        if env:
+            endpoint = env if "://" in env else "http://" + env
+            config["service_account_key"] = json.dumps(
+                {"gcs_base_url": endpoint.rstrip("/"), "disable_oauth": True, "client_email": "", "private_key": "",
+                 "private_key_id": ""}  # fmt: skip
+            )
     if (endpoint.startswith("http://") or url.scheme == "http") and "allow_http" not in client:
         client["allow_http"] = True
     return config, client
@@ -170,21 +192,18 @@ class RemoteStore:
                 if isinstance(e, FileNotFoundError):  # obstore's NotFound
                     raise NotFound(f"{where}: not found (no such object, prefix or bucket)") from None
                 if isinstance(e, PermissionError):
-                    raise _refused(where, what, e) from None
+                    raise _refused(where, what, e, self.url.kind) from None
                 err: BaseException = e
             except ex.NotFoundError:
                 raise NotFound(f"{where}: not found (no such object, prefix or bucket)") from None
             except (ex.PermissionDeniedError, ex.UnauthenticatedError) as e:
-                raise _refused(where, what, e) from None
+                raise _refused(where, what, e, self.url.kind) from None
             except ex.BaseError as e:
                 err = e
             msg = _short(err)
-            if "169.254.169.254" in str(err):  # no credentials anywhere: the client asked the instance metadata
-                raise RemoteError(
-                    f"{where}: no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
-                    "or pass storage_options={'access_key_id': ..., 'secret_access_key': ...}; for a public bucket "
-                    "storage_options={'skip_signature': True}"
-                ) from None
+            if "169.254.169.254" in str(err) or "metadata.google.internal" in str(err):
+                # no credentials anywhere: the client asked the cloud machine's metadata server
+                raise RemoteError(_no_credentials(where, self.url.kind)) from None
             if "builder error" in msg:  # the client could not make the request at all: asking again will not help
                 raise RemoteError(
                     f"{where}: {what} could not be sent: {msg}; check the endpoint in storage_options or the "
@@ -238,14 +257,21 @@ class RemoteStore:
         if e_tag:
             opts["if_match"] = e_tag if e_tag.startswith('"') else f'"{e_tag}"'
 
+        def replaced() -> CorruptDataError:
+            return CorruptDataError(
+                f"{self.url.child(name)}: the object was replaced while the dataset was read (its ETag is no longer "
+                f"{e_tag}); none of its new bytes were used: open the dataset again"
+            )
+
         def run(st: Any) -> Any:
             try:
-                data = obstore.get(st, self.url.key(name), options=opts).bytes()
+                r = obstore.get(st, self.url.key(name), options=opts)
             except obstore.exceptions.PreconditionError:
-                raise CorruptDataError(
-                    f"{self.url.child(name)}: the object was replaced while the dataset was read (its ETag is no longer "
-                    f"{e_tag}); none of its new bytes were used: open the dataset again"
-                ) from None
+                raise replaced() from None
+            # a server that ignores If-Match still says which version it sent
+            if e_tag and (r.meta.get("e_tag") or "").strip('"') not in ("", e_tag.strip('"')):
+                raise replaced()
+            data = r.bytes()
             if len(data) != end - start:
                 raise OSError(f"a range request for {end - start} bytes brought {len(data)}")
             return data
@@ -320,11 +346,24 @@ class RemoteStore:
             raise ConfigError(f"{self.url}: {self.url.scheme}:// is read-only; pack to s3://, gs:// or az://")
 
 
-def _refused(where: str, what: str, e: BaseException) -> RemoteError:
+def _refused(where: str, what: str, e: BaseException, kind: str) -> RemoteError:
     return RemoteError(
-        f"{where}: {what} refused ({_short(e)}); check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
-        "a profile, or storage_options) and the bucket's permissions"
+        f"{where}: {what} refused ({_short(e)}); check the credentials ({_CREDENTIALS_HINT[kind]}) and the "
+        "bucket's permissions"
     )
+
+
+def _no_credentials(where: str, kind: str) -> str:
+    if kind == "gs":
+        how = ("set GOOGLE_APPLICATION_CREDENTIALS to a service account's key file, or pass "
+               "storage_options={'service_account_path': ...}; for a public bucket storage_options={'skip_signature': True}")  # fmt: skip
+    elif kind == "az":
+        how = "set AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY, or pass storage_options"
+    else:
+        how = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "
+               "storage_options={'access_key_id': ..., 'secret_access_key': ...}; for a public bucket "
+               "storage_options={'skip_signature': True}")  # fmt: skip
+    return f"{where}: no credentials found: {how}"
 
 
 def _short(e: BaseException) -> str:
