@@ -484,10 +484,18 @@ class FastLoader:
         self._closed = False
         self._iter_lock = threading.Lock()
         self._core = self._make_core()
-        # Stops the thread and frees the pipeline when the loader is collected, or at exit.
-        self._finalizer = weakref.finalize(self, self._core.close)
+        self._start_lifetime()
 
     # ------------------------------------------------------------------ the constructor's steps
+    def _start_lifetime(self) -> None:
+        """The finalisers that clean up after the loader, and the first epoch's downloads ahead."""
+        # Stops the thread and frees the pipeline when the loader is collected, or at exit.
+        self._finalizer = weakref.finalize(self, self._core.close)
+        # Gives up the dataset's downloads ahead (a URL's) when the loader is closed or collected.
+        stop = getattr(self.packed, "stop_fetching", None)
+        self._stop_fetching = weakref.finalize(self, stop) if stop is not None else None
+        self._fetch_ahead()
+
     def _keep_unused(self, ignored: dict[str, Any]) -> None:
         """The DataLoader arguments about worker processes, kept as a DataLoader keeps them."""
         self.num_workers = as_int("num_workers", ignored["num_workers"], lo=0)
@@ -696,6 +704,7 @@ class FastLoader:
             self._resume_batch = 0
             self._plan.resumed = None
         self._epoch = epoch
+        self._fetch_ahead()
 
     def __iter__(self) -> Iterator[list[torch.Tensor]]:
         """A new epoch's iterator; it replaces the previous one, whose ``next()`` then raises.
@@ -729,6 +738,16 @@ class FastLoader:
             else:  # it draws from the generator given: a permutation, and one more for the (empty) rest
                 for _ in range(2):  # (torch.utils.data.RandomSampler.__iter__, read to its end)
                     torch.randperm(len(self.packed), generator=self.generator)
+
+    def _fetch_ahead(self) -> None:
+        """Before the first epoch: a URL's dataset fetches the next ``iter()``'s shards, in its order, while
+        the script sets up. Only with the loader's own order and a known rank (given, from the process
+        group, or no ``torchrun``): another rank's order would fetch shards this node may never read."""
+        prefetch = getattr(self.packed, "prefetch_epoch", None)
+        if prefetch is None or self._core.run is not None or not isinstance(self._plan, EpochSampler):
+            return
+        if not (self._auto_ranks and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1):  # torchrun, no group yet
+            prefetch(self._plan.batches(self._epoch, self._resume_batch))
 
     def _is_closed(self) -> bool:
         return self._closed
@@ -833,6 +852,7 @@ class FastLoader:
             else:
                 plan.resume(at.epoch, at.consumed)
             self._epoch, self._resume_batch = at.epoch, at.batch
+        self._fetch_ahead()
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
@@ -840,6 +860,8 @@ class FastLoader:
         with self._iter_lock:
             self._closed = True
         self._finalizer()
+        if self._stop_fetching is not None:
+            self._stop_fetching()
 
     def __reduce__(self) -> tuple:
         """Pickle and ``copy.deepcopy`` as the arguments that make this loader plus its position;

@@ -298,6 +298,20 @@ class Dataset:
             return ahead(batches)
         return self.remote.follow(list(batches), self._firsts, ahead, self._release, hold=hold)
 
+    def prefetch_epoch(self, batches: Iterable[Any]) -> bool:
+        """For a URL's dataset, start downloading the shards of an epoch that is about to start (``batches``,
+        its plan) before it does, when they all fit in the node cache (:meth:`RemoteShards.prefetch`).
+        Returns whether downloads started; a local dataset has nothing to fetch."""
+        if self.remote is None:
+            return False
+        return self.remote.prefetch(list(batches), self._firsts)
+
+    def stop_fetching(self) -> None:
+        """For a URL's dataset, give up the downloads ahead of the epoch (its loader was closed); a later
+        epoch starts them again. A local dataset has none."""
+        if self.remote is not None:
+            self.remote.stop_ahead()
+
     def _value(self, k: int, i: int) -> bytes | memoryview:
         try:
             return self._file(k).value(i)

@@ -300,6 +300,118 @@ def test_shards_are_fetched_in_the_order_the_epoch_first_needs_them(s3, remote, 
     assert max(abs(where[k] - p) for p, k in enumerate(first_use)) <= 6, (first_use, fetched)
 
 
+def shard_gets(proxy: Proxy) -> list[int]:
+    """The shard numbers of the GETs the proxy has seen, in order."""
+    return [int(r.rsplit("shard-", 1)[1].split(".")[0]) for r in list(proxy.requests)
+            if r.startswith("GET ") and "/shard-" in r]  # fmt: skip
+
+
+def first_use_order(local: Path, batches: list[tuple[int, int]]) -> list[int]:
+    """Shards in the order an epoch's samples (decoded from their pixels) first touch them."""
+    firsts = [s.first for s in fastload.Dataset(local).manifest.shards]
+    order: list[int] = []
+    for _label, i in batches:
+        k = int(np.searchsorted(firsts, i, side="right") - 1)
+        if k not in order:
+            order.append(k)
+    return order
+
+
+@pytest.mark.parametrize("epoch", [0, 2])
+def test_a_loader_downloads_its_first_epochs_shards_before_iter(s3, remote, tmp_path, epoch):
+    """Written for a cold start that waits for its first shards only when the loop begins: a loader
+    whose shards all fit in the cache fetches those of the epoch its next ``iter()`` reads (epoch 0,
+    then the one ``set_epoch`` chose) while the script is still setting up, in that epoch's order; the
+    epoch then needs no more GETs, and reads every sample once."""
+    n_shards = len(fastload.Dataset(remote["local"]).manifest.shards)
+    with FastLoader(remote["local"], 4, device="cpu", crop=32, train=False, shuffle=True, seed=11) as ref:
+        ref.set_epoch(epoch)
+        order = first_use_order(remote["local"], decoded(ref))
+    proxy = Proxy("127.0.0.1", s3.ports["s3"], delay=0.01)
+    try:
+        opts = dict(storage_options=s3.options(proxy.endpoint), cache_dir=tmp_path / "c")
+        with FastLoader(remote["url"], 4, device="cpu", crop=32, train=False, shuffle=True, seed=11, **opts) as loader:
+            if epoch:
+                loader.set_epoch(epoch)
+            deadline = time.monotonic() + 60
+            while len(set(shard_gets(proxy))) < n_shards and time.monotonic() < deadline:
+                time.sleep(0.05)
+            before = shard_gets(proxy)
+            assert sorted(before) == list(range(n_shards))  # every shard once, before iter()
+            got = decoded(loader)
+            assert shard_gets(proxy) == before  # nothing more fetched by the epoch
+    finally:
+        proxy.close()
+    assert every_sample_once(got) and first_use_order(remote["local"], got) == order
+    # set_epoch(2) comes while epoch 0's order is being fetched: the threads take up epoch 2's order
+    # from there (at most the few shards already under way are out of it)
+    where = {k: p for p, k in enumerate(before)}
+    late = [k for p, k in enumerate(order) if where[k] > p + 4]
+    assert not late, (order, before)
+
+
+@pytest.mark.parametrize("why", ["cache_limit below the dataset", "torchrun before the process group", "records"])
+def test_nothing_is_fetched_ahead_when_it_could_be_wasted(s3, remote, tmp_path, monkeypatch, why):
+    """Written for an early fetch that fills a cache too small for the dataset with shards evicted before
+    their turn, fetches another rank's order under torchrun (the rank is not known before the process
+    group exists), or downloads whole shards where ``fetch="records"`` reads ranges: none of them starts
+    a download before ``iter()``; the epoch then reads every sample once."""
+    total = sum(s.bytes for s in fastload.Dataset(remote["local"]).manifest.shards)
+    kw: dict = {}
+    if why.startswith("cache_limit"):
+        kw["cache_limit"] = total // 2
+    elif why.startswith("torchrun"):
+        monkeypatch.setenv("WORLD_SIZE", "2")
+    else:
+        kw["fetch"] = "records"
+    proxy = Proxy("127.0.0.1", s3.ports["s3"], delay=0.0)
+    try:
+        opts = dict(storage_options=s3.options(proxy.endpoint), cache_dir=tmp_path / "c", **kw)
+        with FastLoader(remote["url"], 4, device="cpu", crop=32, train=False, shuffle=True, seed=11, **opts) as loader:
+            time.sleep(1.0)  # what a fetch ahead would have sent by now (the whole dataset takes ~0.1 s)
+            assert shard_gets(proxy) == []
+            if why.startswith("torchrun"):
+                monkeypatch.delenv("WORLD_SIZE")  # read as one process (no process group came)
+            got = decoded(loader)
+    finally:
+        proxy.close()
+    assert every_sample_once(got)
+
+
+def fastload_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("fastload")]
+
+
+@pytest.mark.parametrize("server", ["slow", "cutting every answer"])
+def test_closing_a_loader_gives_up_its_downloads_ahead(s3, remote, tmp_path, server):
+    """Written for download threads that outlive their loader: fetching the whole dataset after a
+    ``close()``, or retrying a failing server until ``retry_deadline``. After ``close()`` returns no
+    fastload thread is left and no shard GET follows; a loader made again on the same cache reads
+    every sample once."""
+    proxy = Proxy("127.0.0.1", s3.ports["s3"], delay=0.2 if server == "slow" else 0.0)
+    proxy.drop = server != "slow"
+    proxy.drop_after = 9000  # the manifest (7 KB) passes, every shard (12 KB) is cut
+    try:
+        opts = dict(storage_options=s3.options(proxy.endpoint), cache_dir=tmp_path / "c", retry_deadline=120)
+        loader = FastLoader(remote["url"], 4, device="cpu", crop=32, shuffle=True, seed=3, **opts)
+        deadline = time.monotonic() + 30
+        while not shard_gets(proxy) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert shard_gets(proxy)  # under way
+        t0 = time.monotonic()
+        loader.close()
+        assert time.monotonic() - t0 < 10 and fastload_threads() == []
+        seen = len(shard_gets(proxy))
+        time.sleep(0.5)
+        assert len(shard_gets(proxy)) == seen  # nothing more asked for
+        assert len(shard_gets(proxy)) < len(fastload.Dataset(remote["local"]).manifest.shards)
+        proxy.drop = False
+        with FastLoader(remote["url"], 4, device="cpu", crop=32, shuffle=True, seed=3, **opts) as again:
+            assert every_sample_once(decoded(again))
+    finally:
+        proxy.close()
+
+
 def test_a_download_cut_midway_goes_on_from_where_it_stopped(s3, tmp_path):
     """Every answer cut after 150 KB: each shard (two ~350 KB noise JPEGs) arrives over several
     range requests, and the bytes joined are the shard's (its SHA-256 is checked before use)."""

@@ -34,6 +34,7 @@ import math
 import os
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -50,6 +51,10 @@ log = logging.getLogger(__name__)
 #: least: the loader passes its read-ahead depth + 2 when that is more (a shard the read-ahead
 #: threads may be reading is never closed under them).
 HOLD_BATCHES = 8
+
+#: Seconds :meth:`RemoteShards.close` waits for its download threads to end (a request in flight cannot
+#: be interrupted: past this it ends on its own, at its next chunk, answer or timeout).
+CLOSE_WAIT = 2.0
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30, "tib": 1 << 40}  # fmt: skip
@@ -188,6 +193,7 @@ class RemoteShards:
         self._queue: list[int] = []
         self._workers: list[threading.Thread] = []
         self._stop = False
+        self._ahead_stopped = False  # stop_ahead(): the downloads ahead are given up (until the next plan)
         self._pid = os.getpid()
         self.downloads = 0  # shards this process downloaded
         self._fillers: dict[int, Any] = {}  # fetch="records": shard -> its RangeFiller (sparse file open)
@@ -390,7 +396,9 @@ class RemoteShards:
         try:
             for attempt in (1, 2):
                 h = hashlib.sha256()
-                self.remote.download(shard.file, part, shard.bytes, progress=h.update)
+                # a download ahead stops when the cache is closed; one a reader waits for does not
+                self.remote.download(shard.file, part, shard.bytes, progress=h.update,
+                                     cancelled=None if urgent else self._stopped)  # fmt: skip
                 if h.hexdigest() == shard.sha256:
                     os.replace(part, path)
                     self.downloads += 1
@@ -498,22 +506,7 @@ class RemoteShards:
         use, and closing (through ``release(k)``) shards a reader has open that the next ``hold``
         batches do not need. ``batches`` are the rest of the epoch."""
         hold = max(HOLD_BATCHES, int(hold))
-        shard_of = np.asarray(firsts, dtype=np.int64)
-        uses: dict[int, list[int]] = collections.defaultdict(list)
-        order: list[int] = []
-        for pos, b in enumerate(batches):
-            idx = np.asarray(getattr(b, "indices", b), dtype=np.int64).ravel()
-            for k in np.unique(np.searchsorted(shard_of, idx, side="right") - 1).tolist():
-                if not uses[k]:
-                    order.append(k)
-                uses[k].append(pos)
-        with self._cond:
-            self._uses = {k: np.asarray(v, dtype=np.int64) for k, v in uses.items()}
-            self._pos = 0
-            self._queue = order if self.fetch == "shards" else []  # records: the read-ahead asks for them
-            self._cond.notify_all()
-        if self.fetch == "shards":
-            self._start_workers()
+        self._plan(batches, firsts)
         try:
             for pos, b in enumerate(ahead(batches)):
                 with self._cond:
@@ -527,6 +520,42 @@ class RemoteShards:
             with self._cond:  # the epoch is over (or abandoned): its downloads ahead are not wanted
                 self._queue = []
                 self._cond.notify_all()
+
+    def _plan(self, batches: list, firsts: list[int]) -> None:
+        """Make ``batches`` the epoch the cache serves: each shard's uses (for eviction) and, with whole
+        shards, the download queue in order of first use, its threads started."""
+        shard_of = np.asarray(firsts, dtype=np.int64)
+        uses: dict[int, list[int]] = collections.defaultdict(list)
+        order: list[int] = []
+        for pos, b in enumerate(batches):
+            idx = np.asarray(getattr(b, "indices", b), dtype=np.int64).ravel()
+            for k in np.unique(np.searchsorted(shard_of, idx, side="right") - 1).tolist():
+                if not uses[k]:
+                    order.append(k)
+                uses[k].append(pos)
+        with self._cond:
+            self._uses = {k: np.asarray(v, dtype=np.int64) for k, v in uses.items()}
+            self._pos = 0
+            self._queue = order if self.fetch == "shards" else []  # records: the read-ahead asks for them
+            self._ahead_stopped = False
+            self._cond.notify_all()
+        if self.fetch == "shards":
+            self._start_workers()
+
+    def fits(self) -> bool:
+        """Whether every shard fits in the cache at once (no limit, or a limit of at least their bytes)."""
+        assert self.manifest is not None
+        return self.limit is None or self.limit >= sum(int(s.bytes) for s in self.manifest.shards)
+
+    def prefetch(self, batches: list, firsts: list[int]) -> bool:
+        """Start downloading the shards ``batches`` (an epoch not started yet) need, in order of first use,
+        so that they arrive while the training script is still setting up. Only with whole shards that all
+        fit in the cache: nothing fetched early is then evicted before the epoch reads it. :meth:`follow`
+        replaces the order when the epoch starts. Returns whether it started."""
+        if self.fetch != "shards" or not self.fits():
+            return False
+        self._plan(batches, firsts)
+        return True
 
     def _start_workers(self) -> None:
         with self._mutex:
@@ -544,7 +573,7 @@ class RemoteShards:
     def _prefetch_loop(self) -> None:
         while True:
             with self._cond:
-                if self._stop or not self._queue:  # nothing left to fetch ahead this epoch
+                if self._stopped() or not self._queue:  # nothing left to fetch ahead this epoch
                     self._workers = [t for t in self._workers if t is not threading.current_thread()]
                     return
                 k = self._queue.pop(0)
@@ -564,11 +593,29 @@ class RemoteShards:
             finally:
                 fl.close()
 
+    def _stopped(self) -> bool:
+        return self._stop or self._ahead_stopped
+
+    def stop_ahead(self) -> None:
+        """Give up the downloads ahead of the epoch (the loader reading it was closed or dropped): the
+        queue is emptied, a download under way gives up at its next chunk or retry, and the threads are
+        waited for up to :data:`CLOSE_WAIT` seconds. The next epoch's plan starts them again."""
+        with self._cond:
+            self._queue = []
+            self._ahead_stopped = True
+            self._cond.notify_all()
+            workers = list(self._workers) if os.getpid() == self._pid else []
+        end = time.monotonic() + CLOSE_WAIT
+        for t in workers:
+            if t is not threading.current_thread():
+                t.join(max(0.0, end - time.monotonic()))
+
     def close(self) -> None:
-        """Stop the prefetch threads and unpin every shard."""
+        """Stop the prefetch threads (as :meth:`stop_ahead`, for good) and unpin every shard."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+        self.stop_ahead()
         for k in sorted(set(self.pinned()) | set(self._fillers)):
             self.release(k)
         pool, self._range_pool = self._range_pool, None

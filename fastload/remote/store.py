@@ -56,6 +56,10 @@ class NotFound(RemoteError):
     """The object (or its bucket) does not exist."""
 
 
+class Cancelled(Exception):
+    """A request given up because its owner closed (``cancelled()`` became true): never a user's error."""
+
+
 def _obstore() -> Any:
     try:
         import obstore
@@ -165,8 +169,9 @@ class RemoteStore:
         return self._store
 
     # ------------------------------------------------------------------ the retry loop
-    def call(self, what: str, name: str, fn: Callable[[Any], T]) -> T:
-        """``fn(store)`` with retries until the deadline; ``what`` and ``name`` say what for errors."""
+    def call(self, what: str, name: str, fn: Callable[[Any], T], *, cancelled: Callable[[], bool] | None = None) -> T:
+        """``fn(store)`` with retries until the deadline; ``what`` and ``name`` say what for errors.
+        With ``cancelled``, :class:`Cancelled` instead of a retry once it returns true."""
         global _RUNTIME_PID
         obstore = _obstore()
         ex = obstore.exceptions
@@ -218,8 +223,12 @@ class RemoteStore:
                     f"{where}: {what} failed {tries} time(s) over {elapsed:.1f} s (retry_deadline="
                     f"{self.deadline:g} s); the server does not answer: {msg}"
                 ) from None
+            if cancelled is not None and cancelled():
+                raise Cancelled(where)
             log.info("%s: %s failed (%s); trying again in %.1f s", where, what, msg, pause)
             time.sleep(pause)
+            if cancelled is not None and cancelled():
+                raise Cancelled(where)
 
     # ------------------------------------------------------------------ requests
     def get(self, name: str, *, limit: int | None = None) -> bytes:
@@ -278,10 +287,12 @@ class RemoteStore:
 
         return self.call("GET", name, run)
 
-    def download(self, name: str, dest: Path, size: int, *, progress: Callable[[Any], None] | None = None) -> None:
+    def download(self, name: str, dest: Path, size: int, *, progress: Callable[[Any], None] | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> None:  # fmt: skip
         """Write object ``name`` (``size`` bytes) into the file ``dest`` from its start, handing each
         chunk to ``progress`` (a hash's ``update``); a broken transfer goes on from where it stopped
-        (a range request), within the deadline."""
+        (a range request), within the deadline. With ``cancelled``: :class:`Cancelled` at the next
+        chunk or retry once it returns true."""
         obstore = _obstore()
         with open(dest, "r+b" if dest.exists() else "wb") as f:  # r+b: keeps a reserved file's size while it fills
 
@@ -297,13 +308,15 @@ class RemoteStore:
                         "the dataset in the store was altered or is being replaced"
                     )
                 for chunk in r.stream(min_chunk_size=64 << 10):  # small: a cut transfer keeps what arrived
+                    if cancelled is not None and cancelled():
+                        raise Cancelled(self.url.child(name))
                     f.write(chunk)
                     if progress is not None:
                         progress(chunk)
                 if f.tell() != size:
                     raise OSError(f"transfer ended after {f.tell()} of {size} bytes")
 
-            self.call("GET", name, run)
+            self.call("GET", name, run, cancelled=cancelled)
 
     def put_file(self, name: str, path: Path) -> None:
         """Upload the local file ``path`` as ``name`` in one PUT (so its ETag is its MD5 on S3)."""
