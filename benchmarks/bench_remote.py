@@ -13,7 +13,7 @@ Side by side in one run, each case in a process of its own, cases taking turns r
 - ``records+20ms``: the same through the proxy adding 20 ms to every request.
 
 Each process imports torch (as a training script has), opens the loader (timed: ``open``; a URL's
-loader starts fetching its first epoch's shards there), runs two epochs (time to the first batch and
+loader starts fetching its first epoch's shards there), waits ``--setup`` seconds (the script's own set-up; 0 by default), runs two epochs (time to the first batch and
 images/s of each), and reports the bytes it downloaded; the parent samples the cache's disk use
 every 50 ms (``peak cache``). Medians over the repeats, min-max in brackets; a ratio is the median
 of the per-repeat ratios against that repeat's ``local`` run.
@@ -69,6 +69,7 @@ def child(args: argparse.Namespace) -> None:
         loader = fastload.FastLoader(spec["url"], storage_options=spec["options"], cache_dir=spec["cache"],
                                      cache_limit=spec.get("limit"), fetch=spec.get("fetch"), **kw)  # fmt: skip
     t_open = time.perf_counter() - t0
+    time.sleep(args.setup)  # the script's own set-up (its model, its optimizer) before the loop
     out = {"case": spec["case"], "open_s": t_open, "epochs": []}
     n = 0
     with loader:
@@ -144,7 +145,7 @@ def pin(pid: int, cpus: set[int]) -> None:
 
 def run_case(spec: dict, args: argparse.Namespace, cache: Path | None, server_pid: int | None = None,
              cpus: set[int] | None = None) -> dict:  # fmt: skip
-    cmd = [sys.executable, __file__, "--child", json.dumps(spec), "--batch", str(args.batch)]
+    cmd = [sys.executable, __file__, "--child", json.dumps(spec), "--batch", str(args.batch), "--setup", str(args.setup)]
     server_cpu = cpu_seconds(server_pid)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -174,6 +175,9 @@ def main() -> None:
     ap.add_argument("--cases", nargs="+", default=CASES, choices=CASES, help="which cases (default: all; local is the reference)")
     ap.add_argument("--split-cpus", action="store_true",
                     help="the server and proxy on the last CPU, the loaders on the others (a server on another machine)")
+    ap.add_argument("--setup", type=float, default=0.0,
+                    help="seconds between making the loader and the first epoch, standing for the script's set-up "
+                         "(its model and optimizer); every case waits the same")  # fmt: skip
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -257,6 +261,9 @@ def write(args: argparse.Namespace, results: dict, total: int) -> None:
         f"- data: {args.images.name}, packed with --shard-size {args.shard_size}: {total / 1e6:.0f} MB; batch {args.batch}, "
         "train=True (RandomResizedCrop 224, flip, normalize), global shuffle unless said.",
         f"- {args.repeats} repeats, cases taking turns, each in its own process; median (min–max).",
+        (f"- {args.setup:g} s between making the loader and its first epoch in every case (a sleep, standing for the "
+         "script's set-up: its model, its optimizer); `open + first batch` does not count it." if args.setup else
+         "- no set-up between making the loader and its first epoch."),
         "- epoch 1 of `local` is page-cache warm (the files were just written and read); its epoch 2 is the reference "
         "(`vs warm local`); `vs local epoch 1` compares first epochs, both paying a new process's start-up (threads, "
         "DALI's pipeline, the first allocations), so that only the data's path differs.",

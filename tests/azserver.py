@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
 
-from s3server import free_ports, kill_group
+from s3server import free_ports, kill_group, start_logged
 
 #: Azurite's development account (public, documented by Microsoft for the emulator).
 ACCOUNT = "devstoreaccount1"
@@ -66,22 +63,7 @@ class AzuriteServer:
         pytest.importorskip("azure.storage.blob")
         args = [exe, "--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--location", str(self.root / "data"),
                 "--silent", "--skipApiVersionCheck", "--disableTelemetry"]  # fmt: skip
-        logf = open(self.log, "ab")
-        self.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root)
-        logf.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"azurite-blob exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
-            try:
-                urllib.request.urlopen(self.endpoint + "?comp=list", timeout=1).read()
-                return
-            except urllib.error.HTTPError:  # any HTTP answer (403 for an anonymous list) means up
-                return
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"azurite-blob did not answer on {self.endpoint} in {timeout}s")
+        self.proc = start_logged(args, self.root, self.log, self.endpoint + "?comp=list", "azurite-blob", timeout)
 
     def stop(self) -> None:
         """Kill the server's process group (SIGKILL) and wait for it."""

@@ -16,8 +16,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
-import time
-import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
@@ -25,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from s3server import free_ports, kill_group
+from s3server import free_ports, kill_group, start_logged
 
 
 def gcs_binary() -> str | None:
@@ -61,20 +59,7 @@ class GCSServer:
         args = [exe, "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port), "-backend", "filesystem",
                 "-filesystem-root", str(self.root / "data"), "-public-host", host, "-external-url", self.endpoint,
                 "-log-level", "warn"]  # fmt: skip
-        logf = open(self.log, "ab")
-        self.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root)
-        logf.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"fake-gcs-server exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
-            try:
-                urllib.request.urlopen(self.endpoint + "/_internal/healthcheck", timeout=1).read()
-                return
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"fake-gcs-server did not answer on {self.endpoint} in {timeout}s")
+        self.proc = start_logged(args, self.root, self.log, self.endpoint + "/_internal/healthcheck", "fake-gcs-server", timeout)
 
     def stop(self) -> None:
         """Kill the server's process group (SIGKILL) and wait for it."""

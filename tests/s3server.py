@@ -74,6 +74,27 @@ def kill_group(proc: subprocess.Popen | None) -> None:
         proc.wait(timeout=30)
 
 
+def start_logged(args: list[str], root: Path, log: Path, url: str, name: str, timeout: float) -> subprocess.Popen:
+    """Start ``args`` in ``root`` in a process group of its own, its output appended to ``log``, and wait
+    until ``url`` answers HTTP (any status); kill it and raise if it exits or does not answer in time."""
+    logf = open(log, "ab")
+    proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
+    logf.close()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            urllib.request.urlopen(url, timeout=1).read()
+            return proc
+        except urllib.error.HTTPError:  # any HTTP answer (403 for an anonymous list) means up
+            return proc
+        except OSError:
+            time.sleep(0.1)
+    kill_group(proc)
+    raise RuntimeError(f"{name} did not answer on {url} in {timeout}s")
+
+
 class SeaweedServer:
     """One ``weed mini`` process (master, volume, filer and S3 gateway) on 127.0.0.1."""
 
@@ -118,23 +139,8 @@ class SeaweedServer:
             cfg.write_text(json.dumps({"identities": self.identities}))
             args.append(f"-s3.config={cfg}")
         (self.root / "data").mkdir(exist_ok=True)
-        logf = open(self.log, "ab")
-        self.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
-                                     cwd=self.root)
-        logf.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"weed mini exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
-            try:
-                urllib.request.urlopen(self.endpoint + "/", timeout=1).read()
-                return self._ready()
-            except urllib.error.HTTPError:  # any HTTP answer (403 for an anonymous list) means up
-                return self._ready()
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"weed mini did not answer on {self.endpoint} in {timeout}s")
+        self.proc = start_logged(args, self.root, self.log, self.endpoint + "/", "weed mini", timeout)
+        self._ready()
 
     def _ready(self) -> None:
         # the gateway answers before the filer is ready for writes: make a bucket until it works
