@@ -344,9 +344,10 @@ def test_a_loader_downloads_its_first_epochs_shards_before_iter(s3, remote, tmp_
         proxy.close()
     assert every_sample_once(got) and first_use_order(remote["local"], got) == order
     # set_epoch(2) comes while epoch 0's order is being fetched: the threads take up epoch 2's order
-    # from there (at most the few shards already under way are out of it)
+    # from there, within a few places (the shards already under way, two threads' requests racing
+    # through the proxy: the bound of test_shards_are_fetched_in_the_order_the_epoch_first_needs_them)
     where = {k: p for p, k in enumerate(before)}
-    late = [k for p, k in enumerate(order) if where[k] > p + 4]
+    late = [k for p, k in enumerate(order) if where[k] > p + 6]
     assert not late, (order, before)
 
 
