@@ -420,6 +420,14 @@ def test_check_collate_fn_with_torch_and_timm():
     raises(lambda: dlc.check_collate_fn(fast_collate), f"collate_fn=fast_collate {tail}")
 
 
+def test_check_collate_fn_takes_a_callable_that_has_no_module():
+    """Kills check_collate_fn_39 (the callable's ``__module__`` read without a default): a bound slot
+    such as ``[].__add__`` (a method-wrapper) has none, and is a user's function like any other."""
+    f = [].__add__
+    assert not hasattr(f, "__module__")
+    assert dlc.check_collate_fn(f) is f
+
+
 # ----------------------------------------------------------------------------- SamplerPlan's state, odd batch samplers
 
 
