@@ -228,7 +228,11 @@ TRIVIAL_OPS = (
 
 
 def trivial_magnitudes(name: str, num_bins: int) -> np.ndarray:
-    """TrivialAugmentWide's magnitude bins of operation ``name`` (the TrivialAugment paper's wide space)."""
+    """TrivialAugmentWide's magnitude bins of operation ``name`` (the TrivialAugment paper's wide space).
+
+    torchvision's ``_augmentation_space`` under torch's default float32, bit for bit, whatever
+    torch's default dtype is set to (a function of the arguments only).
+    """
     lin = {"ShearX": (0.0, 0.99), "ShearY": (0.0, 0.99), "TranslateX": (0.0, 32.0), "TranslateY": (0.0, 32.0),
            "Rotate": (0.0, 135.0), "Brightness": (0.0, 0.99), "Color": (0.0, 0.99), "Contrast": (0.0, 0.99),
            "Sharpness": (0.0, 0.99), "Solarize": (255.0, 0.0)}  # fmt: skip

@@ -413,6 +413,22 @@ def test_trivial_magnitudes_are_torchvisions_own_to_the_last_bit(num_bins):
         assert one_below
 
 
+def test_trivial_magnitudes_do_not_follow_torchs_default_dtype():
+    """With torch's default dtype set to float64 (torchvision's own bins then become float64) the bins are
+    still torchvision's float32 ones: the draws of a run do not depend on a global setting.
+    Kills: torch.linspace with the default dtype."""
+    tv = T.TrivialAugmentWide(num_magnitude_bins=31)
+    want = {name: m.double().numpy() for name, (m, _) in tv._augmentation_space(31).items() if m.ndim}
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert tv._augmentation_space(31)["TranslateX"][0][15].item() == 16.0  # the case: float64 bins differ
+        got = {name: trivial_magnitudes(name, 31) for name in want}
+    finally:
+        torch.set_default_dtype(old)
+    assert all(np.array_equal(got[name], want[name]) for name in want)
+
+
 @pytest.mark.parametrize("num_bins", [31, 8])
 def test_trivial_params_are_trivial_augment_wides_draws_written_out(num_bins):
     """Operation index (int64) and signed magnitude of 3000 images (seed 17, epoch 6), draw for draw:
