@@ -261,15 +261,17 @@ def timm_boxes(crop: int, seed: int, epoch: int, pos, *, p, scale, ratio, count)
 
 
 @pytest.mark.parametrize(
-    "count, p", [((1, 1), 0.6), ((1, 3), 0.8), ((2, 4), 1.0), ((3, 3), 0.5)], ids=["one", "1-3", "2-4", "three"]
+    "count, p",
+    [((1, 1), 0.6), ((1, 2), 0.7), ((1, 3), 0.8), ((2, 4), 1.0), ((3, 3), 0.5)],
+    ids=["one", "1-2", "1-3", "2-4", "three"],
 )
 def test_erase_boxes_are_timms_random_erasing_written_out(count, p):
     """Every rectangle of 1000 images (seed 9, epoch 2), ``[n, max count, 4]`` int64, rows past an image's
     count zero.
 
     Kills: the count ``lo - k`` or drawn with ``/`` for ``*`` (always ``lo``) or over one more value; the
-    area not divided by the count; the rectangles' streams all the same; the output as floats; the
-    gate or a stream's seed dropped."""
+    area not divided by the count (also where the max count is 2); the rectangles' streams all the same;
+    the output as floats; the gate or a stream's seed dropped."""
     crop, pos = 32, np.arange(1000)
     got = erase_boxes(crop, seed=9, epoch=2, positions=pos, p=p, count=count, **TV_ERASE)
     assert got.shape == (len(pos), count[1], 4) and got.dtype == np.int64
