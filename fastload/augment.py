@@ -228,12 +228,18 @@ TRIVIAL_OPS = (
 
 
 def trivial_magnitudes(name: str, num_bins: int) -> np.ndarray:
-    """TrivialAugmentWide's magnitude bins of operation ``name`` (the TrivialAugment paper's wide space)."""
+    """TrivialAugmentWide's magnitude bins of operation ``name`` (the TrivialAugment paper's wide space).
+
+    torchvision's ``_augmentation_space`` under torch's default float32, bit for bit, whatever
+    torch's default dtype is set to (a function of the arguments only).
+    """
     lin = {"ShearX": (0.0, 0.99), "ShearY": (0.0, 0.99), "TranslateX": (0.0, 32.0), "TranslateY": (0.0, 32.0),
            "Rotate": (0.0, 135.0), "Brightness": (0.0, 0.99), "Color": (0.0, 0.99), "Contrast": (0.0, 0.99),
            "Sharpness": (0.0, 0.99), "Solarize": (255.0, 0.0)}  # fmt: skip
-    if name in lin:
-        return np.linspace(*lin[name], num_bins, dtype=np.float32).astype(np.float64)
+    if name in lin:  # torch's float32 linspace, torchvision's own: NumPy's float32 linspace differs in the last bit
+        import torch  # (31 bins: TranslateX's bin 15 is 15.999999 in torch, whose int() is 15; NumPy gives 16.0)
+
+        return torch.linspace(*lin[name], num_bins, dtype=torch.float32).numpy().astype(np.float64)
     if name == "Posterize":
         return (8 - np.round(np.arange(num_bins) / ((num_bins - 1) / 6))).astype(np.float64)
     return np.zeros(0)  # no magnitude

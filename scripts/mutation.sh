@@ -34,6 +34,7 @@ sample="${MUTATION_SAMPLE:-}"
 # imports the unmutated package, so it can never kill a mutant).
 declare -A TESTS=(
     [fastload/augment.py]="tests/test_oracles_augment.py
+        tests/test_oracles_augment2.py
         tests/test_loader.py::test_random_resized_crop_semantics
         tests/test_loader.py::test_random_resized_crop_fallback_for_extreme_shapes
         tests/test_loader.py::test_params_depend_only_on_seed_epoch_position
@@ -43,8 +44,6 @@ declare -A TESTS=(
         tests/test_dropin2.py::test_trivial_magnitude_bins_are_torchvisions
         tests/test_dropin2.py::test_trivial_draws_follow_torchvisions_law
         tests/test_dropin2.py::test_random_erasing_writes_only_its_rectangles_and_only_its_value
-        tests/test_dropin2.py::test_random_erasing_follows_torchvisions_law
-        tests/test_dropin2.py::test_random_erasing_is_a_function_of_seed_epoch_and_position
         tests/test_autoaugment.py::test_erasing_noise_is_standard_normal_where_it_erases_and_nowhere_else"
     [fastload/sampler.py]="tests/test_oracles_sampler.py::test_unshuffled_shares_are_distributed_samplers_batches
         tests/test_oracles_sampler.py::test_shuffled_shares_are_distributed_samplers_layout_of_the_epochs_permutation
