@@ -33,7 +33,7 @@ from fastload import ConfigError, CorruptDataError, FormatError
 from fastload.reader import ReadAhead, _Token, _Workers
 from fastload.store import READ_SLACK, close_shared
 
-from conftest import encode_color, write_image
+from conftest import encode_color, paint_folder, write_image
 
 HEAD = struct.Struct("<4sHBBiIIIIIIHH")
 # sample -> its source file in the image folder (the packer takes a class's files before its subfolders'):
@@ -901,3 +901,58 @@ def test_the_finaliser_of_a_dropped_read_ahead_does_not_wait_for_a_read_in_progr
     del ra  # no cycle holds it: finalised here
     assert time.monotonic() - t0 < 1.0
     assert threads[0].is_alive() and slow.done == []
+
+
+# ----------------------------------------------------------------------------- a URL's dataset (a real S3 server)
+
+
+@pytest.fixture(scope="module")
+def bucket(s3, tmp_path_factory):
+    """Eight images packed to s3://BUCKET/ds, one per 4 KB shard; the source folder for the expected bytes."""
+    base = tmp_path_factory.mktemp("reader2_s3")
+    paint_folder(base / "src", 2, 4)
+    old = os.environ.get("FASTLOAD_CACHE")
+    os.environ["FASTLOAD_CACHE"] = str(base / "packcache")
+    try:
+        url = f"s3://{s3.make_bucket()}/ds"
+        fastload.pack(base / "src", url, shard_size="4KB", storage_options=s3.options(), progress=False, workers=1)
+    finally:
+        if old is None:
+            del os.environ["FASTLOAD_CACHE"]
+        else:
+            os.environ["FASTLOAD_CACHE"] = old
+    sources = sorted((base / "src").rglob("*.jpg"))  # class_<label>/img_<j>: ImageFolder order
+    return {"url": url, "options": s3.options(), "sources": sources}
+
+
+@pytest.mark.parametrize("fetch", ["shards", "records"])
+def test_a_urls_records_are_read_through_the_node_cache(bucket, tmp_path, fetch):
+    """Whole shards downloaded, or single records fetched into sparse copies: either way each record's payload
+    is its source file's bytes, and the dataset names its URL. Kills: the cache's directory not taken as the
+    dataset's path, the URL not kept, a sparse copy read without its filler (zeros)."""
+    ds = fastload.Dataset(bucket["url"], cache_dir=tmp_path / "cache", storage_options=bucket["options"], fetch=fetch)
+    assert ds.url == bucket["url"] and repr(ds) == f"Dataset({bucket['url']!r}, samples=8, classes=2, shards=8)"
+    assert [s.first for s in ds.shards] == list(range(8))
+    for i, src in enumerate(bucket["sources"]):
+        assert ds[i] == (src.read_bytes(), i // 4), i
+
+
+def test_follow_epoch_of_a_url_closes_the_shards_the_next_hold_batches_do_not_need(bucket, tmp_path):
+    """One shard a batch; shard 0 is read by the first batch and again by the last (the 13th). With
+    ``hold=20`` it is needed within the next 20 batches all along, so it stays open; with ``hold=8`` it is
+    closed once its next use is more than 8 batches ahead (after batches 1 to 3) and opened again for the
+    last. Kills: ``hold`` not passed on, the dataset's release not handed to the download order."""
+    order = [0, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 0]
+    batches = [[k] for k in order]
+
+    def open_after_each(hold: int) -> list[bool]:
+        ds = fastload.Dataset(bucket["url"], cache_dir=tmp_path / f"cache{hold}", storage_options=bucket["options"])
+        seen = []
+        for b in ds.follow_epoch(batches, iter, hold=hold):
+            assert ds[b[0]][0] == bucket["sources"][b[0]].read_bytes()
+            seen.append(ds._files[0] is not None and not ds._files[0].closed)
+        return seen
+
+    assert open_after_each(20) == [True] * 13
+    # release happens before each batch is handed on: shard 0's next use (12) > pos + 8 for pos 1..3
+    assert open_after_each(8) == [True, False, False, False, False, False, False, False, False, False, False, False, True]
