@@ -389,6 +389,10 @@ def test_an_altered_field_is_refused_naming_the_sample_only_when_checked(froot):
         fastload.Dataset(froot, check=True).field_values([0, 4])
     assert str(e.value) == f"{shard} sample 4: field block checksum mismatch (the field bytes were altered)"
     assert fastload.Dataset(froot).field_values([4])[0]["caption"] == f"sample 5 grey {grey(4)}"
+    assert fastload.Dataset(froot).fields(4, ["caption"]) == {"caption": f"sample 5 grey {grey(4)}"}
+    with pytest.raises(CorruptDataError) as e:
+        fastload.Dataset(froot, check=True).fields(4, ["caption"])
+    assert str(e.value) == f"{shard} sample 4: field block checksum mismatch (the field bytes were altered)"
 
 
 def test_field_values_where_the_manifest_and_the_records_disagree(froot, root):
@@ -826,11 +830,15 @@ def test_url_only_options_are_refused_for_a_local_path_naming_them(pristine):
 
 def test_a_url_hands_its_options_to_the_object_stores_reader(tmp_path):
     """A URL's ``cache_limit`` and ``fetch`` are checked by the node cache before anything is fetched (no server
-    is needed to refuse them). Kills: the URL taken for a local path, ``cache_limit`` not passed on."""
+    is needed to refuse them). Kills: the URL taken for a local path, ``cache_limit`` or ``retry_deadline`` not
+    passed on."""
     url, cache = "s3://bucket/ds", tmp_path / "cache"
     with pytest.raises(ConfigError) as e:
         fastload.Dataset(url, cache_dir=cache, cache_limit="many")
     assert str(e.value) == "cache_limit must be bytes or a size like '50GB' or '512MiB', got 'many'"
+    with pytest.raises(ConfigError) as e:
+        fastload.Dataset(url, cache_dir=cache, retry_deadline=-1)
+    assert str(e.value) == "retry_deadline must be a number of seconds in (0, 1e6), got -1"
     with pytest.raises(ConfigError) as e:
         fastload.Dataset(url, cache_dir=cache, fetch="bogus")
     assert str(e.value).startswith("fetch must be 'shards' or 'records', got 'bogus'")
@@ -956,3 +964,43 @@ def test_follow_epoch_of_a_url_closes_the_shards_the_next_hold_batches_do_not_ne
     assert open_after_each(20) == [True] * 13
     # release happens before each batch is handed on: shard 0's next use (12) > pos + 8 for pos 1..3
     assert open_after_each(8) == [True, False, False, False, False, False, False, False, False, False, False, False, True]
+
+
+def test_a_jpeg_whose_header_width_is_its_height_is_refused(root):
+    """Sample 4 is 64x48; its record header made to say 48x48 (the header is not covered by the checksum).
+    Kills: the frame's width compared with its height instead of its own width."""
+    i = 4
+    shard, at = at_in_file(root, i)
+    poke(shard, at + 12, struct.pack("<I", 48))
+    with pytest.raises(CorruptDataError) as e:
+        fastload.Dataset(root)[i]
+    assert str(e.value) == (f"{shard} sample {i}: header says the jpeg image is 48x48 but its payload declares 64x48; "
+                            "the record was altered (run `fastload verify`)")  # fmt: skip
+
+
+def test_a_manifest_that_cannot_be_read_says_what_the_system_said(root):
+    """/proc/self/mem is a regular file whose first byte cannot be read (EIO). Kills: the message replaced."""
+    (root / "manifest.json").unlink()
+    (root / "manifest.json").symlink_to("/proc/self/mem")
+    with pytest.raises(FormatError) as e:
+        fastload.Dataset(root)
+    assert str(e.value) == f"{root}/manifest.json: cannot read manifest: Input/output error"
+
+
+def test_a_shard_that_cannot_be_opened_says_why(root):
+    """The process's open-files limit lowered to its lowest free descriptor, so that the next open fails for
+    real (EMFILE), after the dataset was opened. Kills: the system's reason lost from the message."""
+    import resource
+
+    ds = fastload.Dataset(root)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fd = os.dup(0)
+    os.close(fd)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (fd, hard))
+    try:
+        with pytest.raises(FormatError) as e:
+            ds[4]
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert str(e.value) == f"{root}/shard-00002.lmdb: cannot open shard: it cannot be opened (Too many open files)"
+    assert ds[4][1] == 1
