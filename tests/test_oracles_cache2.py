@@ -294,9 +294,9 @@ def test_the_wait_logs_again_after_each_interval(tmp_path, caplog, monkeypatch):
         t.join(WAIT)
     assert out.get("value") == entry, out
     lines = [r for r in caplog.records if r.getMessage().startswith("waiting for another")]
-    assert 2 <= len(lines) <= 5, [r.getMessage() for r in lines]  # one at 0 s, then one per 0.5 s or more
+    assert len(lines) >= 2, [r.getMessage() for r in lines]  # one at 0 s, then again after 0.5 s
     gaps = [b.created - a.created for a, b in zip(lines, lines[1:])]
-    assert all(0.45 <= g for g in gaps), gaps
+    assert all(0.45 <= g for g in gaps), gaps  # never sooner (polls are 0.2 s apart: not every poll)
     assert lines[0].getMessage().endswith("(0 s so far)")
     for r in lines[1:]:  # "%.0f s so far": the seconds since the first line, rounded
         shown = int(r.getMessage().rsplit("(", 1)[1].split(" ")[0])
