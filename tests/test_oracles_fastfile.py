@@ -151,3 +151,59 @@ def test_what_the_fast_path_refuses_and_its_reasons(tmp_path):
     reason = run(huge, where="W", max_pixels=100)
     assert reason == ("skip", "W", f"file too large: {os.path.getsize(huge)} bytes, more than the {8 * 100 + (16 << 20)} "
                       "bytes an image within --max-pixels 100 can need (8 bytes per pixel + 16 MiB)")  # fmt: skip
+
+
+#: A regular sysfs file of 4096 bytes whose read fails with EIO (its device has no autosuspend).
+EIO_FILE = "/sys/devices/system/cpu/power/autosuspend_delay_ms"
+
+
+def test_a_file_whose_read_fails_is_skipped_with_the_systems_reason():
+    """Written for the read error's reason replaced by the exception's text, or the refusal not marked
+    a skip: a regular file whose read fails (sysfs's EIO) is ``("skip", where, "unreadable
+    (Input/output error)")``."""
+    try:
+        fd = os.open(EIO_FILE, os.O_RDONLY)
+    except OSError:
+        pytest.skip(f"{EIO_FILE} is not here")
+    try:
+        os.pread(fd, 3, 0)
+        pytest.skip(f"{EIO_FILE} reads on this machine")
+    except OSError as e:
+        if e.errno != 5:
+            pytest.skip(f"{EIO_FILE}: {e}")
+    finally:
+        os.close(fd)
+    assert fast_file(("file", EIO_FILE, 0, "x", "W"), ImageOptions()) == ("skip", "W", "unreadable (Input/output error)")
+
+
+@pytest.mark.parametrize("change", [+1, -1])
+def test_a_file_that_is_not_the_size_it_was_is_left_to_the_full_path(tmp_path, monkeypatch, change):
+    """Written for a record made of a file that grew or shrank between its ``fstat`` and its read (the
+    record would hold bytes of neither version): the fast path hands it to the full path. The
+    change is made by a stand-in for the size ``fstat`` reported (a real change there is a race):
+    the file then holds one byte more, or one less, than the size the read is sized to."""
+    import fastload.packing.images as images
+
+    data = jpeg(64, 48)
+    p = tmp_path / "x.jpg"
+    p.write_bytes(data + b"X" if change > 0 else data)  # either way the first len(data) bytes end the JPEG
+    real = images._open_image_file
+
+    def opened(path, opts):
+        fd, size = real(path, opts)
+        return fd, size - 1 if change > 0 else size + 1
+
+    monkeypatch.setattr(images, "_open_image_file", opened)
+    assert run(p) is None
+
+
+def test_the_fast_path_raises_no_warning(tmp_path):
+    """Written for a file opened with an unsupported buffering (Python warns that binary files cannot be
+    line-buffered): reading a plain JPEG warns of nothing."""
+    import warnings
+
+    p = tmp_path / "x.jpg"
+    p.write_bytes(jpeg(16, 16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert isinstance(run(p), (bytes, bytearray))
