@@ -570,14 +570,17 @@ def test_damaged_meta_pages(tmp_path, what, edit, message, big):
     assert (e.value.path, e.value.problem) == (str(path), msg)
 
 
-@pytest.mark.parametrize("psize", [256, 3072, 131072])
+@pytest.mark.parametrize("psize", [256, 3072, 131072, 262144])
 def test_invalid_page_sizes(tmp_path, psize):
-    """A page size below 512, not a power of two, or above 65536 (both meta pages agreeing)."""
+    """A page size below 512, not a power of two, or above 65536, both meta pages agreeing (meta 1
+    copied to where meta 0's page size puts it); or one that puts meta 1 outside the file."""
     s = built(False)
-    data = s.image()
+    data = s.image(extra_pages=40)
+    assert 131072 + META_HEAD < len(data) < 262144
     put(data, PH + 24, "<I", psize)
-    if psize < len(data) - 4096:  # meta 1 is read where meta 0's page size puts it
+    if psize < len(data):
         data[psize : psize + META_HEAD] = data[4096 : 4096 + META_HEAD]
+        put(data, psize + PH + 24, "<I", psize)
     path = write(tmp_path / "d.lmdb", data)
     want = f"LMDB page size {psize} is invalid" if psize < len(data) else "LMDB meta page outside the file"
     assert check_shard_structure(path, len(data)) == want
@@ -806,7 +809,8 @@ def test_overflow_headers_that_are_not_their_records_own(tmp_path):
             assert str(e.value) == f"{path}: damaged shard ({msg})"
             with pytest.raises(DamagedShardError) as e:
                 list(scan.records(head=4))
-            assert e.value.problem == f"the LMDB record of key {key(i).hex()} points at page {ov}, which does not start its overflow pages"
+            scanned = f"the LMDB record of key {key(i).hex()} points at page {ov}, which does not start its overflow pages"
+            assert str(e.value) == f"{path}: damaged shard ({scanned})"
         f.close()
 
 
@@ -1265,3 +1269,26 @@ def test_threads_opening_one_file_at_once_share_it(tmp_path):
     assert got[0] is got[1] and got[0] is not None
     assert btree._OPENING == {}
     btree.close_shared()
+
+
+@pytest.mark.parametrize("head", [0, 5])
+def test_read_asks_the_filler_for_the_whole_value_then_reads_it(tmp_path, head):
+    """With a Filler, read asks for the value's whole range (with its overflow header) at once and
+    waits, then for the part it reads (all of it, or with a head the header and the head)."""
+    s = built(True)
+    rec = Recorder()
+    f = open_file(write(tmp_path / "s.lmdb", s.image()), rec)
+    for i in range(FIRST, FIRST + N):
+        off, n, ov = s.recs[i]
+        extra = PH if ov is not None else 0
+        rec.fills.clear()
+        b, _n, _off = f.read(i, head)
+        part = head if head and n > max(head, 16384) else n
+        assert rec.fills == [([(off - extra, n + extra)], True), ([(off - extra, part + extra)], True)]
+        assert bytes(b) == value(i, n)[:part]
+    rec.fills.clear()
+    buf = np.zeros(30000, dtype=np.uint8)
+    off, n, _ov = s.recs[FIRST + 4]
+    f.read_into(FIRST + 4, buf, 0, buf.ctypes.data)
+    assert rec.fills == [([(off - PH, n + PH)], True)]
+    f.close()
