@@ -18,6 +18,7 @@ import mmap
 import os
 import stat
 
+import numpy as np
 import pytest
 
 from fastload.format import RecordHeader
@@ -264,3 +265,85 @@ def test_resident_bytes_reports_a_failed_mmap_or_mincore_naming_the_file(tmp_pat
     with pytest.raises(OSError) as ei:
         pagecache.resident_bytes(p)
     assert (ei.value.errno, ei.value.strerror, ei.value.filename) == (errno.ENOMEM, f"{fail} failed", str(p))
+
+
+def test_read_regular_of_a_file_longer_than_its_size_says(tmp_path) -> None:
+    """A file that holds more than its size says (a /proc file: regular, size 0) is refused as changed
+    while being read, naming the bytes read: the size asked for and one more, never more than that."""
+    with pytest.raises(files.UnusableFileError) as ei:
+        files.read_regular("/proc/self/status", 0)
+    assert (ei.value.errno, ei.value.strerror, ei.value.filename) == (
+        errno.ESTALE, "changed while being read (1 bytes, expected 0)", "/proc/self/status")  # fmt: skip
+
+
+def test_resident_bytes_of_a_file_past_2_gib(tmp_path) -> None:
+    """A sparse file of 3 GiB with its last two pages written: those two pages are resident (its
+    length passes to mmap and mincore as a size_t, not an int)."""
+    p = tmp_path / "sparse.bin"
+    size = 3 * 2**30
+    with open(p, "wb") as f:
+        f.seek(size - 2 * mmap.PAGESIZE)
+        f.write(b"x" * (2 * mmap.PAGESIZE))
+    assert os.path.getsize(p) == size
+    assert pagecache.resident_bytes(p) == 2 * mmap.PAGESIZE
+
+
+def test_load_preadv2_gives_libcs_preadv2_with_64_bit_offsets(tmp_path) -> None:
+    """The function _load_preadv2 returns reads at an offset past 4 GiB of a sparse file (the offset
+    passed as a 64-bit integer), the bytes written there, and returns their count."""
+    f = files._load_preadv2()
+    assert f is not None  # glibc >= 2.26 on Linux
+    p = tmp_path / "far.bin"
+    off = 2**32 + 3 * 4096 + 7
+    with open(p, "wb") as out:
+        out.seek(off)
+        out.write(b"far away")
+        out.seek(11)
+        out.write(b"near")
+    buf = ctypes.create_string_buffer(8)
+    iov = files._Iovec(ctypes.addressof(buf), 8)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        assert f(fd, ctypes.pointer(iov), 1, off, 0) == 8
+        assert buf.raw == b"far away"
+        assert f(fd, ctypes.pointer(iov), 1, 11, 0) == 8 and buf.raw[:4] == b"near"
+    finally:
+        os.close(fd)
+
+
+def test_nowait_read_copies_what_the_page_cache_holds(tmp_path, monkeypatch) -> None:
+    """A file just written is cached: nowait_read copies exactly the bytes asked for to the address
+    given and returns their count; after the drop it copies nothing (-1: EAGAIN) and stays usable.
+    (On a flag of this test's own: another test may have met a descriptor without RWF_NOWAIT.)"""
+    monkeypatch.setattr(files, "_NOWAIT_OK", [True])
+    p = tmp_path / "f.bin"
+    data = bytes(range(256)) * 64
+    p.write_bytes(data)
+    p.read_bytes()
+    buf = np.full(200, 0xEE, dtype=np.uint8)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        assert files.nowait_read(fd, buf.ctypes.data + 3, 100, 5000) == 100
+        assert bytes(buf[3:103]) == data[5000:5100] and set(buf[:3]) | set(buf[103:]) == {0xEE}
+        pagecache.drop_cached(p)
+        assert files.nowait_read(fd, buf.ctypes.data, 100, 9000) == -1
+        assert files._NOWAIT_OK == [True]
+    finally:
+        os.close(fd)
+
+
+def test_nowait_read_where_the_kernel_refuses_it(tmp_path, monkeypatch) -> None:
+    """preadv2 failing with EINVAL (here: an offset of -2) marks RWF_NOWAIT unavailable: -1 then and
+    from then on, without calling it again (the real flag restored afterwards)."""
+    monkeypatch.setattr(files, "_NOWAIT_OK", [True])
+    p = tmp_path / "f.bin"
+    p.write_bytes(b"y" * 4096)
+    buf = np.zeros(16, dtype=np.uint8)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        assert files.nowait_read(fd, buf.ctypes.data, 16, -2) == -1
+        assert files._NOWAIT_OK == [False]
+        assert files.nowait_read(fd, buf.ctypes.data, 16, 0) == -1  # cached, but no longer asked
+        assert not buf.any()
+    finally:
+        os.close(fd)
