@@ -111,6 +111,38 @@ PATTERN_BASE, PATTERN_STEP, PATTERN_CHECK = 36, 60, 24
 PATTERN_SIZES = [(80, 56), (56, 80), (72, 72), (96, 64), (67, 75)]
 
 
+def resumed_like_local(local: Path, url: str, *, epoch: int, stop_after: int, seed: int, **opts) -> list:
+    """The batches of ``epoch`` from ``url``, read ``stop_after`` batches by one loader and the rest by a
+    second one resumed from its ``state_dict`` (through JSON), checked bit-identical (CPU path) to one
+    uninterrupted epoch of the local copy ``local``, with the same ``len`` and classes; returns them.
+    ``opts``: the URL's loader options (``storage_options``, ``cache_dir``, ``fetch``...)."""
+    import json
+
+    import torch
+
+    from fastload import FastLoader
+
+    kw = dict(device="cpu", crop=32, seed=seed, train=True)
+    with FastLoader(local, 5, **kw) as ref_loader:
+        ref_loader.set_epoch(epoch)
+        ref = [(x.clone(), y.clone()) for x, y in ref_loader]
+        n_ref, classes = len(ref_loader), ref_loader.classes
+    with FastLoader(url, 5, **kw, **opts) as a:
+        assert len(a) == n_ref and a.classes == classes
+        a.set_epoch(epoch)
+        it = iter(a)
+        first = [next(it) for _ in range(stop_after)]
+        state = json.loads(json.dumps(a.state_dict()))
+    with FastLoader(url, 5, **kw, **opts) as b:
+        b.load_state_dict(state)
+        rest = list(b)
+    got = first + rest
+    assert len(got) == len(ref)
+    for (x1, y1), (x2, y2) in zip(got, ref):  # bit-identical on the CPU path
+        assert torch.equal(y1, y2) and torch.equal(x1, x2)
+    return got
+
+
 def position_pattern(w: int, h: int, label: int, *, checker: bool = True) -> np.ndarray:
     """An HWC uint8 image whose pixels say where they are: R = x, G = y (each 0..255 across the
     image), B = the label's level with a +/-24 one-pixel checkerboard (``checker``).

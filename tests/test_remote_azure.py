@@ -16,16 +16,15 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 import fastload
-from fastload import IMAGENET_MEAN, IMAGENET_STD, FastLoader
+from fastload import IMAGENET_MEAN, IMAGENET_STD
 from fastload.cli import main
 from fastload.errors import CorruptDataError, FormatError, RemoteError
 
 
 from azserver import ACCOUNT_KEY
-from conftest import decode_batches, paint_folder
+from conftest import decode_batches, paint_folder, resumed_like_local
 
 pytest.importorskip("obstore")
 
@@ -109,25 +108,8 @@ def test_batches_len_and_resume_are_those_of_a_local_copy(azurite, packed, tmp_p
     """Written for a reader that gives other batches, crops or order from ``az://`` than from a local
     copy, or loses its place on resume: bit-identical to the local loader on the CPU path, every
     sample once by its pixels, for whole shards and for range requests per record."""
-    kw = dict(device="cpu", crop=32, seed=5, train=True)
-    with FastLoader(packed["local"], 5, **kw) as ref_loader:
-        ref_loader.set_epoch(2)
-        ref = [(x.clone(), y.clone()) for x, y in ref_loader]
-        n_ref = len(ref_loader)
-    opts = dict(storage_options=azurite.options(), cache_dir=tmp_path / "c", fetch=fetch)
-    with FastLoader(packed["url"], 5, **kw, **opts) as a:
-        assert len(a) == n_ref and a.classes == ref_loader.classes
-        a.set_epoch(2)
-        it = iter(a)
-        first = [next(it) for _ in range(2)]
-        state = json.loads(json.dumps(a.state_dict()))
-    with FastLoader(packed["url"], 5, **kw, **opts) as b:
-        b.load_state_dict(state)
-        rest = list(b)
-    got = first + rest
-    assert len(got) == len(ref)
-    for (x1, y1), (x2, y2) in zip(got, ref):
-        assert torch.equal(y1, y2) and torch.equal(x1, x2)
+    got = resumed_like_local(packed["local"], packed["url"], epoch=2, stop_after=2, seed=5,
+                             storage_options=azurite.options(), cache_dir=tmp_path / "c", fetch=fetch)
     assert every_sample_once(decode_batches(got, IMAGENET_MEAN, IMAGENET_STD))
 
 

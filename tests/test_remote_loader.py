@@ -23,7 +23,7 @@ import fastload
 from fastload import IMAGENET_MEAN, IMAGENET_STD, FastLoader
 from fastload.errors import FastloadError, RemoteError
 
-from conftest import decode_batches, paint_folder
+from conftest import decode_batches, paint_folder, resumed_like_local
 from s3server import Proxy, SeaweedServer
 
 pytest.importorskip("obstore")
@@ -74,25 +74,8 @@ def every_sample_once(got: list[tuple[int, int]]) -> bool:
 
 # ------------------------------------------------------------------ the same batches
 def test_batches_len_and_resume_are_those_of_a_local_copy(s3, remote, tmp_path):
-    kw = dict(device="cpu", crop=32, seed=3, train=True)
-    with FastLoader(remote["local"], 5, **kw) as ref_loader:
-        ref_loader.set_epoch(1)
-        ref = [(x.clone(), y.clone()) for x, y in ref_loader]
-        n_ref = len(ref_loader)
-    opts = dict(storage_options=s3.options(), cache_dir=tmp_path / "c")
-    with FastLoader(remote["url"], 5, **kw, **opts) as a:
-        assert len(a) == n_ref and a.classes == ref_loader.classes
-        a.set_epoch(1)
-        it = iter(a)
-        first = [next(it) for _ in range(3)]
-        state = json.loads(json.dumps(a.state_dict()))
-    with FastLoader(remote["url"], 5, **kw, **opts) as b:
-        b.load_state_dict(state)
-        rest = list(b)
-    got = first + rest
-    assert len(got) == len(ref)
-    for (x1, y1), (x2, y2) in zip(got, ref):  # bit-identical on the CPU path
-        assert torch.equal(y1, y2) and torch.equal(x1, x2)
+    got = resumed_like_local(remote["local"], remote["url"], epoch=1, stop_after=3, seed=3,
+                             storage_options=s3.options(), cache_dir=tmp_path / "c")
     assert every_sample_once(decoded(got))
 
 
