@@ -15,7 +15,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
-import io
 import itertools
 import locale
 import logging
@@ -28,9 +27,7 @@ import time
 import types
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
 import fastload
 import fastload.cache as cache_mod
@@ -40,7 +37,8 @@ from fastload.format import FORMAT_VERSION
 from fastload.packing import journal
 from fastload.packing.sources import MAX_CLASSES
 
-from conftest import decode_color, encode_color, write_image
+from conftest import encode_color, write_image
+from test_oracles_cache import colours
 
 torchvision = pytest.importorskip("torchvision")
 from torchvision.datasets import ImageFolder  # noqa: E402
@@ -61,14 +59,6 @@ class Files:
             self.classes = classes
 
 
-def colours(entry: Path) -> list[tuple[int, int]]:
-    ds = fastload.Dataset(entry)
-    out = []
-    for i in range(len(ds)):
-        payload, _ = ds[i]
-        with Image.open(io.BytesIO(payload)) as im:
-            out.append(decode_color(np.asarray(im.convert("RGB"), dtype=np.float64).reshape(-1, 3).mean(axis=0)))
-    return out
 
 
 def bmp_folder(root: Path, per_class: int = 2) -> Path:
