@@ -127,7 +127,7 @@ class FileList:
 def describe(dataset: Any) -> tuple[str, str | None]:
     root = getattr(dataset, "root", None)
     try:
-        shown = printable(os.fspath(root)) if root is not None else None
+        shown = printable(os.fsdecode(root)) if root is not None else None
     except TypeError:
         shown = printable(str(root))
     return f"{type(dataset).__name__}({shown if shown is not None else '...'})", shown
@@ -289,6 +289,10 @@ def file_list(dataset: Any) -> FileList:
             raise ConfigError(f"{where}: path {printable(repr(path))[:120]} is not a file path") from None
         if not p or "\0" in p:
             raise ConfigError(f"{where}: path {printable(repr(p))[:120]} is not a file path")
+        try:
+            os.fsencode(p)
+        except UnicodeEncodeError:  # a lone surrogate such as "\ud800": no file system name is that
+            raise ConfigError(f"{where}: path {printable(repr(p))[:120]} is not a file path (it cannot be encoded)") from None
         try:
             if isinstance(label, bool):
                 raise TypeError

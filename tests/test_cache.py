@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -243,6 +244,7 @@ def test_a_custom_loader_is_refused(make_folder, tmp_path):
         ([("a.jpg",)], r"samples\[0\]: expected a \(path, class_index\) pair"),
         ([(3.5, 0)], r"samples\[0\]: path 3.5 is not a file path"),
         ([("a\0b.jpg", 0)], r"samples\[0\]: path .* is not a file path"),
+        ([("a\ud800.jpg", 0)], r"samples\[0\]: path 'a\\ud800.jpg' is not a file path \(it cannot be encoded\)"),
         ([], "no samples"),
     ],
 )
@@ -255,6 +257,15 @@ def test_bad_samples_are_named(tmp_path, samples, needle):
     fake.samples = samples
     with pytest.raises(ConfigError, match=needle):
         cached_pack(fake, cache_dir=tmp_path / "c")
+
+
+def test_a_bytes_root_is_named_as_a_path(make_folder, tmp_path):
+    """A dataset whose ``root`` is bytes (a path as the file system gives it) is described by that path."""
+    folder = ImageFolder(str(make_folder()))
+    folder.root = os.fsencode(folder.root)
+    folder.samples = folder.samples[:1] + [(folder.samples[1][0], 7)]
+    with pytest.raises(ConfigError, match=rf"^ImageFolder\({re.escape(os.fsdecode(folder.root))}\)\.samples\[1\]: class index 7"):
+        cached_pack(folder, cache_dir=tmp_path / "c")
 
 
 def test_a_failed_pack_names_the_root_and_leaves_nothing_finished(tmp_path):
