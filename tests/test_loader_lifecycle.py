@@ -44,7 +44,7 @@ def _fastload_threads() -> list[str]:
 # ----------------------------------------------------------------------------- leaving early
 
 _EXIT_SCRIPT = """
-import os, signal, sys
+import os, signal, sys, time
 import fastload
 loader = fastload.FastLoader(sys.argv[1], 4, device="cpu", crop=16, num_threads=1)
 mode = sys.argv[2]
@@ -60,7 +60,8 @@ elif mode == "sys.exit":
 elif mode == "ctrl-c":
     for batch in loader:
         os.kill(os.getpid(), signal.SIGINT)
-        signal.pause()
+        while True:  # the step goes on until the interrupt lands (a thread of the process may take the
+            time.sleep(0.01)  # signal: signal.pause() would then wait for another one, for ever)
 elif mode == "iterator-alive":
     it = iter(loader)
     next(it)
