@@ -1139,3 +1139,66 @@ def test_a_sample_whose_shard_is_damaged_takes_only_its_slack_in_the_batch_buffe
     assert str(rb.errors[1]) == (f"{shard}: damaged shard (LMDB page {leaves[0]} says it is page 999); "
                                  f"run `fastload verify {root}`")  # fmt: skip
     assert [bytes(p) if p is not None else None for p in rb.payloads] == [want[2], None, want[1]]
+
+
+def test_labels_that_cannot_be_read_say_what_the_system_said(root):
+    """A dataset of no samples (its manifest made to say so: ``pack`` refuses an empty source) whose labels.bin
+    is /proc/self/mem, a regular file of 0 bytes whose first byte cannot be read (EIO). Kills: the message
+    replaced."""
+    m = json.loads((root / "manifest.json").read_text())
+    m.update(num_samples=0, shards=[], class_counts=[0] * len(m["classes"]))
+    (root / "manifest.json").write_text(json.dumps(m))
+    (root / "labels.bin").unlink()
+    (root / "labels.bin").symlink_to("/proc/self/mem")
+    with pytest.raises(FormatError) as e:
+        fastload.Dataset(root)
+    assert str(e.value) == f"{root}/labels.bin: cannot read labels: it cannot be opened (Input/output error)"
+    assert type(e.value) is FormatError
+
+
+def test_where_of_a_record_that_cannot_be_read_shows_a_question_mark_for_its_path(root):
+    """``where`` describes a sample in an error message, so it does not fail on a damaged record: its source
+    path, unreadable (a foreign magic), is shown as ``?``. Kills: another placeholder."""
+    shard, at = at_in_file(root, 4)
+    poke(shard, at, b"XLRC")
+    ds = fastload.Dataset(root)
+    assert ds.where(4) == f"sample 4 (?) in {shard}"
+    assert ds.where(5) == f"sample 5 ({SOURCES[5]}) in {shard}"
+
+
+def test_runs_are_asked_for_whole_even_for_a_batch_of_one_sample(pristine):
+    """With ``runs=3`` a batch of one sample asks for its whole run of 3, once: [4] asks for 3, 4, 5, then [5]
+    for nothing more, then [0] for 0, 1, 2: 6 records requested. Kills: a batch of one sample asked for alone
+    (3 requested)."""
+    ds = fastload.Dataset(pristine / "ds")
+    asked: list[list[int]] = []
+    ds.prefetch = lambda idx: asked.append(sorted(int(i) for i in idx))  # type: ignore[method-assign]
+    ra = ReadAhead(ds, threads=1, depth=1, runs=3)
+    assert list(ra.ahead([[4], [5], [0]])) == [[4], [5], [0]]
+    ra.close()
+    # requested counts what was asked for; the threads may not have got to every request before the end
+    assert ra.requested == 6 and all(a in ([0, 1, 2], [3, 4, 5]) for a in asked)
+
+
+def test_a_payload_read_apart_that_fails_names_its_shard_and_sample(root, monkeypatch):
+    """Sample 0 is over 16 KiB: its head is read first, then its payload apart. A stand-in ``os.pread`` fails
+    that second read with EIO, as a disk's bad sector would (not something a test can make): the error names
+    the shard and the sample. Kills: the sample's index not passed to the payload's read."""
+    import errno
+
+    shard, at = at_in_file(root, 0)
+    h, path, payload = split(stored(root, 0))
+    where = (at + 40 + len(path), len(payload))
+    real = os.pread
+
+    def pread(fd: int, n: int, off: int) -> bytes:
+        if (off, n) == where:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(fd, n, off)
+
+    ds = fastload.Dataset(root)
+    monkeypatch.setattr(os, "pread", pread)
+    with pytest.raises(CorruptDataError) as e:
+        ds[0]
+    assert str(e.value) == f"{shard} sample 0: cannot read it (Input/output error)"
+    assert ds[1][1] == 0
