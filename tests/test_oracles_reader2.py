@@ -30,7 +30,7 @@ from PIL import Image
 
 import fastload
 from fastload import ConfigError, CorruptDataError, FormatError
-from fastload.reader import ReadAhead, _Token, _Workers
+from fastload.reader import ReadAhead, _Token, _Workers, read_manifest
 from fastload.store import READ_SLACK, close_shared
 
 from conftest import encode_color, paint_folder, write_image
@@ -951,19 +951,29 @@ def test_follow_epoch_of_a_url_closes_the_shards_the_next_hold_batches_do_not_ne
     closed once its next use is more than 8 batches ahead (after batches 1 to 3) and opened again for the
     last. Kills: ``hold`` not passed on, the dataset's release not handed to the download order."""
     order = [0, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 0]
-    batches = [[k] for k in order]
-
-    def open_after_each(hold: int) -> list[bool]:
-        ds = fastload.Dataset(bucket["url"], cache_dir=tmp_path / f"cache{hold}", storage_options=bucket["options"])
-        seen = []
-        for b in ds.follow_epoch(batches, iter, hold=hold):
-            assert ds[b[0]][0] == bucket["sources"][b[0]].read_bytes()
-            seen.append(ds._files[0] is not None and not ds._files[0].closed)
-        return seen
-
-    assert open_after_each(20) == [True] * 13
+    assert shard0_open_after_each(bucket, tmp_path, order, 20) == [True] * 13
     # release happens before each batch is handed on: shard 0's next use (12) > pos + 8 for pos 1..3
-    assert open_after_each(8) == [True, False, False, False, False, False, False, False, False, False, False, False, True]
+    assert shard0_open_after_each(bucket, tmp_path, order, 8) == [True] + [False] * 11 + [True]
+
+
+def shard0_open_after_each(bucket, tmp_path: Path, order: list[int], hold: int | None) -> list[bool]:
+    """Batches of one sample each (one shard a batch) through ``follow_epoch`` (``hold`` not given when None),
+    each read; whether shard 0 is open after each."""
+    ds = fastload.Dataset(bucket["url"], cache_dir=tmp_path / f"cache{hold}", storage_options=bucket["options"])
+    seen = []
+    for b in ds.follow_epoch([[k] for k in order], iter, **({} if hold is None else {"hold": hold})):
+        assert ds[b[0]][0] == bucket["sources"][b[0]].read_bytes()
+        seen.append(ds._files[0] is not None and not ds._files[0].closed)
+    return seen
+
+
+def test_follow_epoch_holds_shards_needed_within_8_batches_by_default(bucket, tmp_path):
+    """Shard 0 read by batch 0 and again by batch 10: after batch 1 its next use is 9 batches ahead, more
+    than the default 8, so it is closed then (and opened again for batch 10); with ``hold=9`` it stays open.
+    Kills: the default changed."""
+    order = [0, 1, 2, 3, 4, 5, 6, 7, 1, 2, 0]
+    assert shard0_open_after_each(bucket, tmp_path, order, 9) == [True] * 11
+    assert shard0_open_after_each(bucket, tmp_path, order, None) == [True] + [False] * 9 + [True]
 
 
 def test_a_jpeg_whose_header_width_is_its_height_is_refused(root):
@@ -1004,3 +1014,191 @@ def test_a_shard_that_cannot_be_opened_says_why(root):
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert str(e.value) == f"{root}/shard-00002.lmdb: cannot open shard: it cannot be opened (Too many open files)"
     assert ds[4][1] == 1
+
+
+# ----------------------------------------------------------------------------- from the held-out sample's survivors
+
+
+def test_prefetch_epoch_of_a_local_dataset_starts_nothing_and_stop_fetching_is_a_no_op(pristine):
+    """A local dataset has nothing to download: ``prefetch_epoch`` says no downloads started (False) and opens
+    no shard, ``stop_fetching`` returns. Kills: either one's URL test inverted (a local dataset asking its
+    absent node cache)."""
+    ds = fastload.Dataset(pristine / "ds")
+    assert ds.prefetch_epoch([[0, 1], [5]]) is False
+    assert ds.stop_fetching() is None
+    assert ds._files == [None, None, None]
+
+
+def test_prefetch_epoch_of_a_url_downloads_its_shards_before_any_read(bucket, tmp_path):
+    """Whole shards with no cache limit all fit: ``prefetch_epoch`` says it started, and every shard file
+    arrives in the cache directory, whole (the size and SHA-256 of the bucket's manifest), while nothing is
+    read; with single records there is nothing to download ahead (False)."""
+    ds = fastload.Dataset(bucket["url"], cache_dir=tmp_path / "cache", storage_options=bucket["options"])
+    m = json.loads((ds.path / "manifest.json").read_text())
+    files = [ds.path / s["file"] for s in m["shards"]]
+    assert not any(p.exists() for p in files)
+    assert ds.prefetch_epoch([[k] for k in (3, 1, 0, 2, 4, 5, 6, 7)]) is True
+    deadline = time.monotonic() + 30
+    while not all(p.exists() and p.stat().st_size == s["bytes"] for p, s in zip(files, m["shards"])):
+        assert time.monotonic() < deadline, [p.name for p in files if not p.exists()]
+        time.sleep(0.05)
+    assert [hashlib.sha256(p.read_bytes()).hexdigest() for p in files] == [s["sha256"] for s in m["shards"]]
+    assert ds._files == [None] * 8
+    ds.stop_fetching()
+    rec = fastload.Dataset(bucket["url"], cache_dir=tmp_path / "cache_r", storage_options=bucket["options"], fetch="records")
+    assert rec.prefetch_epoch([[0], [1]]) is False
+
+
+def test_a_failed_sample_takes_only_its_slack_in_the_batch_buffer(root):
+    """A sample whose shard is missing needs no room but its READ_SLACK: a buffer of the other samples' need
+    plus READ_SLACK for each failed one is used as it is. The sizes are int64, 0 where a sample failed.
+    Kills: a failed sample counted with a byte of its own, the heights of another dtype."""
+    (root / "shard-00002.lmdb").unlink()
+    batch = [3, 1, 5, 0]
+    buf = np.zeros(need_of(root, [1, 0]) + 2 * READ_SLACK, np.uint8)
+    rb = fastload.Dataset(root).read_batch(batch, buffer=buf)
+    assert rb.buffer is buf and sorted(rb.errors) == [0, 2]
+    assert [bytes(p) if p is not None else None for p in rb.payloads] == [None, split(stored(root, 1))[2], None,
+                                                                           split(stored(root, 0))[2]]  # fmt: skip
+    assert rb.widths.dtype == np.int64 and rb.heights.dtype == np.int64
+    assert rb.widths.tolist() == [0, 40, 0, 160] and rb.heights.tolist() == [0, 30, 0, 120]
+
+
+def test_starting_and_closing_the_read_ahead_wait_for_its_lock(pristine):
+    """Starting and stopping the threads is serialised by one lock: while another holder has it, ``close``
+    waits (the epoch thread, the next epoch's and a finaliser may get there at once), and goes on once it is
+    released. Kills: a new lock made on every use in the process that made it (instead of after a fork)."""
+    ra = ReadAhead(fastload.Dataset(pristine / "ds"), threads=1)
+    lock = ra._locked()
+    done = threading.Event()
+
+    def close() -> None:
+        ra.close()
+        done.set()
+
+    with lock:
+        t = threading.Thread(target=close)
+        t.start()
+        assert not done.wait(0.3)  # close waits for the lock
+        assert not ra._closed
+    assert done.wait(5) and ra._closed
+    t.join(5)
+
+
+def test_a_foreign_or_newer_manifest_is_refused_naming_its_file(root):
+    """A JSON file that is not a fastload manifest, and one of a newer major version: both refused, the message
+    naming the dataset's manifest file by its path. Kills: the path not handed to the manifest's parser."""
+    m = json.loads((root / "manifest.json").read_text())
+    (root / "manifest.json").write_text(json.dumps({**m, "format": "other"}))
+    with pytest.raises(FormatError) as e:
+        fastload.Dataset(root)
+    assert str(e.value) == f"{root}/manifest.json: not a fastload manifest (format='other'); create one with `fastload pack`"
+    (root / "manifest.json").write_text(json.dumps({**m, "version": "99.0"}))
+    with pytest.raises(FormatError) as e:
+        read_manifest(root)
+    assert str(e.value).startswith(f"{root}/manifest.json: format version 99.0 is newer than this fastload reads (")
+
+
+def test_a_shard_is_opened_once_its_file_deleted_after_the_first_read_is_still_read(root):
+    """A shard's file is opened and checked on its first read and kept open: the file's name unlinked after it
+    (a cleanup of the directory while a job runs), the open shard still reads every record of it, the
+    source's bytes; a shard never opened is reported missing. Kills: the open file not reused (the file
+    looked up and checked again on every read)."""
+    ds = fastload.Dataset(root)
+    want = {i: split(stored(root, i))[2] for i in range(N)}
+    assert ds[3][0] == want[3]
+    (root / "shard-00002.lmdb").unlink()
+    (root / "shard-00001.lmdb").unlink()
+    assert [ds[i] for i in (4, 5, 3)] == [(want[i], i // 3) for i in (4, 5, 3)]
+    rb = ds.read_batch([5, 3])
+    assert [bytes(p) for p in rb.payloads] == [want[5], want[3]] and not rb.errors
+    with pytest.raises(FormatError) as e:
+        ds[2]
+    assert str(e.value) == f"{root}/shard-00001.lmdb: shard file is missing; the dataset is incomplete"
+
+
+def test_a_sample_whose_shard_is_damaged_takes_only_its_slack_in_the_batch_buffer(tmp_path):
+    """Three small JPEGs, one a shard (no overflow pages: a leaf page is checked when a record is first located);
+    shard 0's leaf page made to say it is another page. Its sample fails when located, and takes only its
+    READ_SLACK of the buffer: a buffer of the other two samples' need plus READ_SLACK is used as it is.
+    Kills: a sample of a damaged shard counted with a byte of its own."""
+    for i in range(3):
+        write_image(tmp_path / "src" / "c0" / f"{i}.jpg", encode_color(0, i), size=(32, 24), quality=90)
+    fastload.pack(tmp_path / "src", tmp_path / "ds", workers=1, progress=False, shard_size="4KB")
+    root = tmp_path / "ds"
+    assert [(s["first"], s["count"]) for s in shards(root)] == [(0, 1), (1, 1), (2, 1)]
+    shard = root / "shard-00000.lmdb"
+    data = shard.read_bytes()
+    leaves = [p for p in range(len(data) // 4096) if struct.unpack_from("<Q2xH", data, p * 4096)[1] & 0x7F == 2]
+    assert len(leaves) == 1
+    want = {i: split(stored(root, i))[2] for i in (1, 2)}
+    poke(shard, leaves[0] * 4096, struct.pack("<Q", 999))
+    buf = np.zeros(need_of(root, [2, 1]) + READ_SLACK, np.uint8)
+    rb = fastload.Dataset(root).read_batch([2, 0, 1], buffer=buf)
+    assert rb.buffer is buf and list(rb.errors) == [1]
+    assert str(rb.errors[1]) == (f"{shard}: damaged shard (LMDB page {leaves[0]} says it is page 999); "
+                                 f"run `fastload verify {root}`")  # fmt: skip
+    assert [bytes(p) if p is not None else None for p in rb.payloads] == [want[2], None, want[1]]
+
+
+def test_labels_that_cannot_be_read_say_what_the_system_said(root):
+    """A dataset of no samples (its manifest made to say so: ``pack`` refuses an empty source) whose labels.bin
+    is /proc/self/mem, a regular file of 0 bytes whose first byte cannot be read (EIO). Kills: the message
+    replaced."""
+    m = json.loads((root / "manifest.json").read_text())
+    m.update(num_samples=0, shards=[], class_counts=[0] * len(m["classes"]))
+    (root / "manifest.json").write_text(json.dumps(m))
+    (root / "labels.bin").unlink()
+    (root / "labels.bin").symlink_to("/proc/self/mem")
+    with pytest.raises(FormatError) as e:
+        fastload.Dataset(root)
+    assert str(e.value) == f"{root}/labels.bin: cannot read labels: it cannot be opened (Input/output error)"
+    assert type(e.value) is FormatError
+
+
+def test_where_of_a_record_that_cannot_be_read_shows_a_question_mark_for_its_path(root):
+    """``where`` describes a sample in an error message, so it does not fail on a damaged record: its source
+    path, unreadable (a foreign magic), is shown as ``?``. Kills: another placeholder."""
+    shard, at = at_in_file(root, 4)
+    poke(shard, at, b"XLRC")
+    ds = fastload.Dataset(root)
+    assert ds.where(4) == f"sample 4 (?) in {shard}"
+    assert ds.where(5) == f"sample 5 ({SOURCES[5]}) in {shard}"
+
+
+def test_runs_are_asked_for_whole_even_for_a_batch_of_one_sample(pristine):
+    """With ``runs=3`` a batch of one sample asks for its whole run of 3, once: [4] asks for 3, 4, 5, then [5]
+    for nothing more, then [0] for 0, 1, 2: 6 records requested. Kills: a batch of one sample asked for alone
+    (3 requested)."""
+    ds = fastload.Dataset(pristine / "ds")
+    asked: list[list[int]] = []
+    ds.prefetch = lambda idx: asked.append(sorted(int(i) for i in idx))  # type: ignore[method-assign]
+    ra = ReadAhead(ds, threads=1, depth=1, runs=3)
+    assert list(ra.ahead([[4], [5], [0]])) == [[4], [5], [0]]
+    ra.close()
+    # requested counts what was asked for; the threads may not have got to every request before the end
+    assert ra.requested == 6 and all(a in ([0, 1, 2], [3, 4, 5]) for a in asked)
+
+
+def test_a_payload_read_apart_that_fails_names_its_shard_and_sample(root, monkeypatch):
+    """Sample 0 is over 16 KiB: its head is read first, then its payload apart. A stand-in ``os.pread`` fails
+    that second read with EIO, as a disk's bad sector would (not something a test can make): the error names
+    the shard and the sample. Kills: the sample's index not passed to the payload's read."""
+    import errno
+
+    shard, at = at_in_file(root, 0)
+    h, path, payload = split(stored(root, 0))
+    where = (at + 40 + len(path), len(payload))
+    real = os.pread
+
+    def pread(fd: int, n: int, off: int) -> bytes:
+        if (off, n) == where:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(fd, n, off)
+
+    ds = fastload.Dataset(root)
+    monkeypatch.setattr(os, "pread", pread)
+    with pytest.raises(CorruptDataError) as e:
+        ds[0]
+    assert str(e.value) == f"{shard} sample 0: cannot read it (Input/output error)"
+    assert ds[1][1] == 0
