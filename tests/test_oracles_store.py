@@ -347,3 +347,52 @@ def test_nowait_read_where_the_kernel_refuses_it(tmp_path, monkeypatch) -> None:
         assert not buf.any()
     finally:
         os.close(fd)
+
+
+def test_nowait_read_at_the_end_of_the_file_copies_nothing_and_stays_on(tmp_path, monkeypatch) -> None:
+    """preadv2 at the end of the file returns 0 and sets no errno: whatever errno a failed call left
+    (here lseek with a whence that does not exist: EINVAL) does not mark RWF_NOWAIT unavailable, and
+    the next read of cached bytes copies them. (On a flag of this test's own.)"""
+    monkeypatch.setattr(files, "_NOWAIT_OK", [True])
+    p = tmp_path / "f.bin"
+    data = bytes(range(256)) * 16
+    p.write_bytes(data)
+    p.read_bytes()
+    buf = np.zeros(16, dtype=np.uint8)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.lseek.restype, libc.lseek.argtypes = ctypes.c_int64, [ctypes.c_int, ctypes.c_int64, ctypes.c_int]
+        assert libc.lseek(fd, 0, 12345) == -1 and ctypes.get_errno() == errno.EINVAL
+        assert files.nowait_read(fd, buf.ctypes.data, 16, len(data)) == 0
+        assert files._NOWAIT_OK == [True]
+        assert files.nowait_read(fd, buf.ctypes.data, 16, 100) == 16 and bytes(buf) == data[100:116]
+    finally:
+        os.close(fd)
+
+
+def test_close_fd_of_a_descriptor_that_is_gone_does_nothing() -> None:
+    """close_fd of a descriptor that is not open (EBADF for os.close) returns without an error; of one
+    that is, closes it."""
+    for fd in (-1, 2**30):  # never open (a number just closed could be reused by another thread meanwhile)
+        with pytest.raises(OSError) as ei:
+            os.close(fd)
+        assert ei.value.errno == errno.EBADF
+        assert files.close_fd(fd) is None
+    r, w = os.pipe()
+    files.close_fd(w)
+    assert os.read(r, 1) == b""  # its only writer gone: end of file, so it was closed
+    os.close(r)
+
+
+def test_resident_bytes_of_a_file_that_cannot_be_mapped_gives_the_systems_errno() -> None:
+    """A sysfs attribute is a regular file (4096 bytes) that cannot be mapped: mmap fails with ENODEV
+    (kernfs maps only binary attributes), reported with that errno, whatever errno was left before."""
+    p = "/sys/devices/system/cpu/online"
+    if not os.path.exists(p):
+        pytest.skip("no sysfs")
+    assert stat.S_ISREG(os.stat(p).st_mode)
+    ctypes.set_errno(0)
+    with pytest.raises(OSError) as ei:
+        pagecache.resident_bytes(p)
+    assert (ei.value.errno, ei.value.strerror, ei.value.filename) == (errno.ENODEV, "mmap failed", p)
