@@ -275,7 +275,7 @@ def test_every_record_reads_back_as_written(tmp_path, big, newer):
         assert bytes(f.value(i)) == want
         b, n2, off2 = f.read(i)
         assert (bytes(b), n2, off2) == (want, n, off)
-        for pos in (0, 5):
+        for pos in (0, 5, 100):  # 100: past the 16 bytes of an overflow page's header
             start, n3 = f.read_into(i, buf, pos, addr)
             extra = PH if ov is not None else 0
             assert (start, n3) == (pos + extra, n)
@@ -937,6 +937,13 @@ def test_a_branch_that_is_its_own_child(tmp_path, keyed):
     with pytest.raises(DamagedShardError) as e:
         list(ShardScan(path).records())
     assert e.value.problem == msg
+    # 31 levels: 31 references to pages of a 31-page file need not repeat one (the count alone does not
+    # tell); the scan reads its leaf level, the 31st, and finds the branch page there
+    put(d, 4096 + PH + 72 + 6, "<H", 31)
+    path = write(tmp_path / "s.lmdb", d)
+    with pytest.raises(DamagedShardError) as e:
+        list(ShardScan(path).records())
+    assert e.value.problem == "LMDB B-tree level mixes branch and leaf pages"
     d = s.image(extra_pages=1)  # 32 pages: 32 levels are read before the page count is passed
     path = write(tmp_path / "t.lmdb", d)
     put(d, 4096 + PH + 120, "<Q", 31)
@@ -1196,6 +1203,58 @@ def test_page_numbers_above_16_bits(tmp_path):
         assert len(list(scan.records())) == 3
 
 
+def test_page_numbers_above_32_bits(tmp_path):
+    """The high part of a child's page number is mn_flags << 32: a leaf at page 2**32 + 1 (a sparse
+    file of 512-byte pages, 2 TiB), the last page of the file, is found."""
+    s = Shard(512)
+    r = s.alloc()
+    s.next = 2**32 + 1
+    leaf = s.leaf([(FIRST + j, value(FIRST + j, 100), False) for j in range(3)])
+    s.node_page(r, P_BRANCH, [struct.pack("<HHHH", leaf & 0xFFFF, (leaf >> 16) & 0xFFFF, leaf >> 32, 0)])
+    s.branches.append(r)
+    assert leaf == 2**32 + 1 and struct.unpack_from("<HHH", s.pages[r], s.nodes[r][0]) == (1, 0, 1)
+    path = tmp_path / "s.lmdb"
+    size = (leaf + 1) * 512
+    try:
+        with open(path, "wb") as out:  # sparse: only the pages written take room
+            for p, buf in sorted(s.pages.items()) + [(0, s.meta(0, 1, root=INVALID, depth=0, entries=0, last=1, overflow=0)),
+                                                      (1, s.meta(1, 2, root=r, depth=2, entries=3, last=leaf, overflow=0))]:  # fmt: skip
+                out.seek(p * 512)
+                out.write(buf)
+    except OSError as e:
+        if e.errno != errno.EFBIG:
+            raise
+        pytest.skip("this file system has no files of 2 TiB")
+    assert os.path.getsize(path) == size
+    assert check_shard_structure(path, size, first=FIRST, count=3) is None
+    f = open_file(path, count=3)
+    assert [bytes(f.value(FIRST + j)) for j in range(3)] == [value(FIRST + j, 100) for j in range(3)]
+    assert f.locate(FIRST)[0] // 512 == leaf
+    f.close()
+    with ShardScan(path) as scan:
+        assert [bytes(v) for _k, v, _n in scan.records()] == [value(FIRST + j, 100) for j in range(3)]
+
+
+def test_a_scan_given_descriptor_0_closes_it(tmp_path):
+    """In a process whose standard input is closed, a scan's file gets descriptor 0 (the lowest free):
+    closing the scan closes it."""
+    path = write(tmp_path / "s.lmdb", built(True).image())
+    saved = os.dup(0)
+    try:
+        os.close(0)
+        scan = ShardScan(path)
+        try:
+            assert scan._fd == 0
+        finally:
+            scan.close()
+        with pytest.raises(OSError) as e:
+            os.fstat(0)
+        assert e.value.errno == errno.EBADF
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+
+
 def test_a_record_of_no_bytes_is_missing(tmp_path):
     """A record whose value is empty (fastload writes none: a value holds a 40-byte header) is
     never taken as located: reading it says it is missing, in an eager shard as in a lazy one."""
@@ -1361,22 +1420,23 @@ def test_a_structure_check_leaves_only_the_pages_it_checks_in_the_page_cache(tmp
     assert settled(path, want, 0.3) == want
 
 
-def test_read_with_a_head_has_the_kernel_read_the_whole_value(tmp_path):
+@pytest.mark.parametrize("n", [20000, 20454])
+def test_read_with_a_head_has_the_kernel_read_the_whole_value(tmp_path, n):
     """read(i, head) of a value over 16384 bytes reads only the head, having asked for the whole value
-    (POSIX_FADV_WILLNEED: the rest is read with pread next, from the page cache): on a cold file its
-    five overflow pages come into the page cache, and nothing else (the shard's descriptor reads no
-    more than it is asked: FADV_RANDOM)."""
+    with its overflow header (POSIX_FADV_WILLNEED: the rest is read with pread next, from the page cache):
+    on a cold file its five overflow pages (2 to 6) come into the page cache, and nothing else, not the
+    next record's first page, 7 (the shard's descriptor reads no more than it is asked: FADV_RANDOM).
+    16 + 20454 bytes end 10 bytes before page 7."""
     assert mmap.PAGESIZE == 4096
-    s = built(True)
+    s = Shard()
+    s.tree([(FIRST, value(FIRST, n), True), (FIRST + 1, value(FIRST + 1, 5000), True)], [2], 2)
+    assert (s.recs[FIRST][2], s.recs[FIRST + 1][2], s.root) == (2, 7, 9)
     path = write(tmp_path / "s.lmdb", s.image(extra_pages=8))
-    f = open_file(path)  # its tree was read now
-    i = FIRST + 4
-    off, n, ov = s.recs[i]
-    assert n == 20000 and -(-(PH + n) // 4096) == 5
+    f = open_file(path, count=2)  # its tree was read now
     cold(path)
-    b, n2, off2 = f.read(i, 5)
-    assert (bytes(b), n2, off2) == (value(i, n)[:5], n, off)
-    want = set(range(ov, ov + 5))
+    b, n2, off = f.read(FIRST, 5)
+    assert (bytes(b), n2, off) == (value(FIRST, n)[:5], n, 2 * 4096 + PH)
+    want = {2, 3, 4, 5, 6}
     assert settled(path, want) == want
     f.close()
 

@@ -11,16 +11,20 @@ dataset, a size that changed) against their errno and reason written out.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
+import hashlib
 import io
 import mmap
 import os
 import stat
+import warnings
 
 import numpy as np
 import pytest
 
+from fastload.errors import CorruptDataError
 from fastload.format import RecordHeader
 from fastload.store import files, hashes, pagecache
 
@@ -209,7 +213,8 @@ def test_stat_regular_refusals_say_what_the_file_is(tmp_path) -> None:
         assert files.file_problem(ei.value) == reason
     with pytest.raises(files.UnusableFileError) as ei:
         files.stat_regular(str(tmp_path / "a\0b"))
-    assert ei.value.errno == errno.EINVAL and ei.value.strerror.startswith("has an unusable name (")
+    assert (ei.value.errno, ei.value.strerror, ei.value.filename) == (
+        errno.EINVAL, "has an unusable name (embedded null byte)", str(tmp_path / "a\0b"))  # fmt: skip
     assert files.stat_regular(outside, within=tmp_path).st_size == 1
 
 
@@ -307,6 +312,8 @@ def test_load_preadv2_gives_libcs_preadv2_with_64_bit_offsets(tmp_path) -> None:
         assert f(fd, ctypes.pointer(iov), 1, off, 0) == 8
         assert buf.raw == b"far away"
         assert f(fd, ctypes.pointer(iov), 1, 11, 0) == 8 and buf.raw[:4] == b"near"
+        ctypes.set_errno(0)  # a failed call's errno is what ctypes.get_errno() gives next (nowait_read reads it)
+        assert f(fd, ctypes.pointer(iov), 1, -2, 0) == -1 and ctypes.get_errno() == errno.EINVAL
     finally:
         os.close(fd)
 
@@ -396,3 +403,42 @@ def test_resident_bytes_of_a_file_that_cannot_be_mapped_gives_the_systems_errno(
     with pytest.raises(OSError) as ei:
         pagecache.resident_bytes(p)
     assert (ei.value.errno, ei.value.strerror, ei.value.filename) == (errno.ENODEV, "mmap failed", p)
+
+
+def test_file_sha256_is_the_files_digest_and_leaves_no_descriptor_open(tmp_path) -> None:
+    """file_sha256 of a file of a few 4 MiB blocks is hashlib's digest of its bytes; no descriptor of it
+    is left open (none in /proc/self/fd names it)."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("no /proc")
+    p = tmp_path / "f.bin"
+    data = bytes(range(251)) * 40000  # 10 MB: two whole blocks and a part
+    p.write_bytes(data)
+    assert hashes.file_sha256(p) == hashlib.sha256(data).hexdigest()
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+            names.append(os.readlink(f"/proc/self/fd/{fd}"))
+    assert str(p) not in names
+
+
+def test_iter_headers_names_the_file_of_a_key_that_is_not_8_bytes(tmp_path) -> None:
+    """A shard (written by LMDB itself) whose key is 7 bytes: iter_headers refuses it naming the file."""
+    lmdb = pytest.importorskip("lmdb")
+    p = tmp_path / "k.lmdb"
+    env = lmdb.open(str(p), subdir=False, map_size=1 << 20, lock=False)
+    with env.begin(write=True) as txn:
+        txn.put(b"1234567", bytes(64))
+    env.close()
+    with pytest.raises(CorruptDataError) as ei:
+        list(hashes.iter_headers(p))
+    assert str(ei.value) == f"{p}: record key of 7 bytes (expected 8)"
+
+
+def test_read_regular_reads_without_a_warning(tmp_path) -> None:
+    """read_regular gives the file's bytes and warns of nothing (warnings made errors)."""
+    p = tmp_path / "f.bin"
+    data = bytes(range(256)) * 3
+    p.write_bytes(data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert files.read_regular(p, len(data)) == data
