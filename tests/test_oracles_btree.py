@@ -39,7 +39,8 @@ import pytest
 
 from fastload.errors import CorruptDataError, FormatError
 from fastload.store import DamagedShardError, READ_SLACK, ShardFile, ShardScan, check_shard_structure, drop_cached, file_identity
-from fastload.store import btree, files
+from fastload.store import btree, files, iter_headers
+from fastload.format import ENC_JPEG, encode_record
 
 PH = 16  # page header
 NH = 8  # node header
@@ -1439,6 +1440,42 @@ def test_read_with_a_head_has_the_kernel_read_the_whole_value(tmp_path, n):
     want = {2, 3, 4, 5, 6}
     assert settled(path, want) == want
     f.close()
+
+
+def test_willneed_has_the_kernel_read_exactly_the_records_asked_for(tmp_path):
+    """willneed of one record in overflow pages (20000 bytes, five pages) on a cold file: those five pages
+    come into the page cache, nothing else."""
+    assert mmap.PAGESIZE == 4096
+    s = built(True)
+    path = write(tmp_path / "s.lmdb", s.image(extra_pages=8))
+    f = open_file(path)
+    off, n, ov = s.recs[FIRST + 4]
+    assert n == 20000
+    cold(path)
+    f.willneed([FIRST + 4])
+    want = set(range(ov, ov + 5))
+    assert settled(path, want) == want
+    f.close()
+
+
+def test_iter_headers_reads_only_the_first_page_of_each_record_in_overflow_pages(tmp_path):
+    """iter_headers gives each record's header (fastload records: label j, width 10 + j), reading of a
+    record in overflow pages only its header: on a cold file, the meta, branch and leaf pages and the
+    first overflow page of each such record come into the page cache, not their other pages."""
+    assert mmap.PAGESIZE == 4096
+    sizes = [20000, 9000, 300, 5000, 100, 12000]
+    recs = [encode_record(bytes(n), label=j, encoding=ENC_JPEG, width=10 + j, height=20, orig_width=10 + j, orig_height=20)
+            for j, n in enumerate(sizes)]  # fmt: skip
+    s = Shard()
+    s.tree([(FIRST + j, r, len(r) > 2000) for j, r in enumerate(recs)], [3], 2)
+    path = write(tmp_path / "h.lmdb", s.image(extra_pages=8))
+    cold(path)
+    got = [(i, h.label, h.width, h.payload_len) for i, h in iter_headers(path)]
+    assert got == [(FIRST + j, j, 10 + j, n) for j, n in enumerate(sizes)]
+    firsts = {ov for _o, _n, ov in s.recs.values() if ov is not None}
+    assert len(firsts) == 4
+    want = {0, 1, *s.branches, *(p for p, _ks in s.leaves), *firsts}
+    assert settled(path, want, 0.3) == want
 
 
 def test_read_into_of_a_record_whose_first_page_only_is_cached(tmp_path, monkeypatch):

@@ -442,3 +442,34 @@ def test_read_regular_reads_without_a_warning(tmp_path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert files.read_regular(p, len(data)) == data
+
+
+def test_open_regular_of_a_path_swapped_for_a_directory_as_it_is_opened(tmp_path, monkeypatch) -> None:
+    """A symlink to a regular file, checked, then pointed at a directory just before the open (the race
+    made exact: the open itself is the real one): the check through the descriptor refuses it with
+    EINVAL and the reason, and the descriptor it opened is closed."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("no /proc")
+    f = tmp_path / "f.bin"
+    f.write_bytes(b"x")
+    d = tmp_path / "d"
+    d.mkdir()
+    link = tmp_path / "link"
+    os.symlink(f, link)
+    real_open = os.open
+
+    def swap_then_open(path, flags, *args, **kwargs):
+        if os.fspath(path) == str(link):
+            os.remove(link)
+            os.symlink(d, link)
+        return real_open(path, flags, *args, **kwargs)
+
+    before = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(os, "open", swap_then_open)
+    try:
+        with pytest.raises(files.UnusableFileError) as ei:
+            files.open_regular(link)
+    finally:
+        monkeypatch.undo()
+    assert (ei.value.errno, ei.value.strerror, ei.value.filename) == (errno.EINVAL, "is a directory, not a regular file", str(link))
+    assert os.path.isdir(link) and len(os.listdir("/proc/self/fd")) == before
