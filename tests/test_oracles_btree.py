@@ -286,6 +286,23 @@ def test_every_record_reads_back_as_written(tmp_path, big, newer):
     f.close()
 
 
+def test_meta_pages_of_the_same_transaction_read_as_meta_page_0(tmp_path):
+    """Both meta pages of one transaction number: meta page 0 is taken, as LMDB's mdb_env_pick_meta does
+    (page 1 only if 0's transaction is older): here 0 describes the tree, 1 an empty database."""
+    s = built(False)
+    d = s.image(newer=0)
+    put(d, 4096 + PH + 128, "<Q", 2)  # meta 1's txnid: 2, as meta 0's
+    path = write(tmp_path / "s.lmdb", d)
+    assert check_shard_structure(path, len(d), first=FIRST, count=N) is None
+    f = open_file(path)
+    assert [bytes(f.value(i)) for i in range(FIRST, FIRST + N)] == [value(i, s.recs[i][1]) for i in range(FIRST, FIRST + N)]
+    f.close()
+    d = s.image(newer=1)
+    put(d, PH + 128, "<Q", 2)  # the other way round: meta 0 the empty one, of the same transaction
+    path = write(tmp_path / "e.lmdb", d)
+    assert check_shard_structure(path, len(d), first=FIRST, count=N) == f"LMDB file holds no records, the manifest says {N}"
+
+
 def test_read_into_of_records_not_in_the_page_cache(tmp_path):
     """After the file is dropped from the page cache, ``preadv2(RWF_NOWAIT)`` gets little or nothing
     and the rest is read with ``preadv``: the same bytes."""
@@ -675,6 +692,10 @@ TREE = [
     # leaves 0, 1, 2 (keys FIRST..+2, +3, +4..+7) under one branch, bounds FIRST, +3, +4: the second bound made +2,
     # still in order, puts leaf 0's last key at its right neighbour's lower bound
     ("a bound below its left child's last key", lambda s, d: put(d, s.node_at(s.levels[2][0], 1) + NH, ">Q", FIRST + 2), "{keys}"),
+    # leaves 3, 4, 5 (keys +8..+9, +10..+12, +13), bounds +8, +10, +13: the last bound made +12 puts leaf 4's
+    # last key, the next to last child's, at it
+    ("a last bound below its left child's last key", lambda s, d: put(d, s.node_at(s.levels[2][1], 2) + NH, ">Q", FIRST + 12),
+     "{keys}"),
     # leaf
     ("unsupported flags", lambda s, d: put(d, s.node_at(s.levels[3][4], 0) + 4, "<H", 0x02), "LMDB leaf node with unsupported flags"),
     ("a value past its page", lambda s, d: put(d, s.node_at(s.levels[3][6], 0), "<H", 4096), "LMDB leaf node outside its page"),
@@ -720,7 +741,7 @@ def test_without_keys_only_the_structure_is_checked(tmp_path):
     """Keys of other sizes, out of order, not the manifest's: a scan without keys reads them."""
     edits = {what: edit for what, edit, _m in TREE}
     for what in ("a branch key of 7 bytes", "a branch bound out of order", "bounds equal", "a bound past the parent's range",
-                 "a bound below its left child's last key", "a leaf key of 9 bytes", "a leaf key changed",
+                 "a bound below its left child's last key", "a last bound below its left child's last key", "a leaf key of 9 bytes", "a leaf key changed",
                  "two leaf keys swapped"):  # fmt: skip
         edit = edits[what]
         s, path, size = damaged(tmp_path, True, edit)
@@ -1421,23 +1442,23 @@ def test_a_structure_check_leaves_only_the_pages_it_checks_in_the_page_cache(tmp
     assert settled(path, want, 0.3) == want
 
 
-@pytest.mark.parametrize("n", [20000, 20454])
-def test_read_with_a_head_has_the_kernel_read_the_whole_value(tmp_path, n):
+@pytest.mark.parametrize("n, pages", [(20000, 5), (20454, 5), (20474, 6)])
+def test_read_with_a_head_has_the_kernel_read_the_whole_value(tmp_path, n, pages):
     """read(i, head) of a value over 16384 bytes reads only the head, having asked for the whole value
     with its overflow header (POSIX_FADV_WILLNEED: the rest is read with pread next, from the page cache):
-    on a cold file its five overflow pages (2 to 6) come into the page cache, and nothing else, not the
-    next record's first page, 7 (the shard's descriptor reads no more than it is asked: FADV_RANDOM).
-    16 + 20454 bytes end 10 bytes before page 7."""
+    on a cold file its overflow pages (from page 2) come into the page cache, and nothing else, not the
+    next record's first page (the shard's descriptor reads no more than it is asked: FADV_RANDOM).
+    16 + 20454 bytes end 10 bytes before a page's end; 16 + 20474, 10 bytes into the sixth page."""
     assert mmap.PAGESIZE == 4096
     s = Shard()
     s.tree([(FIRST, value(FIRST, n), True), (FIRST + 1, value(FIRST + 1, 5000), True)], [2], 2)
-    assert (s.recs[FIRST][2], s.recs[FIRST + 1][2], s.root) == (2, 7, 9)
+    assert (s.recs[FIRST][2], s.recs[FIRST + 1][2]) == (2, 2 + pages)
     path = write(tmp_path / "s.lmdb", s.image(extra_pages=8))
     f = open_file(path, count=2)  # its tree was read now
     cold(path)
     b, n2, off = f.read(FIRST, 5)
     assert (bytes(b), n2, off) == (value(FIRST, n)[:5], n, 2 * 4096 + PH)
-    want = {2, 3, 4, 5, 6}
+    want = set(range(2, 2 + pages))
     assert settled(path, want) == want
     f.close()
 

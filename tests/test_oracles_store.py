@@ -414,11 +414,7 @@ def test_file_sha256_is_the_files_digest_and_leaves_no_descriptor_open(tmp_path)
     data = bytes(range(251)) * 40000  # 10 MB: two whole blocks and a part
     p.write_bytes(data)
     assert hashes.file_sha256(p) == hashlib.sha256(data).hexdigest()
-    names = []
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
-            names.append(os.readlink(f"/proc/self/fd/{fd}"))
-    assert str(p) not in names
+    assert str(p) not in names_open()
 
 
 def test_iter_headers_names_the_file_of_a_key_that_is_not_8_bytes(tmp_path) -> None:
@@ -473,3 +469,54 @@ def test_open_regular_of_a_path_swapped_for_a_directory_as_it_is_opened(tmp_path
         monkeypatch.undo()
     assert (ei.value.errno, ei.value.strerror, ei.value.filename) == (errno.EINVAL, "is a directory, not a regular file", str(link))
     assert os.path.isdir(link) and len(os.listdir("/proc/self/fd")) == before
+
+
+def test_open_regular_within_a_directory_refuses_a_file_that_resolves_outside_it(tmp_path) -> None:
+    """open_regular with ``within``: a symlink out of the directory is refused as stat_regular refuses it,
+    EXDEV and the reason; one inside is opened."""
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"z")
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    os.symlink(outside, ds / "escape.bin")
+    (ds / "in.bin").write_bytes(b"abc")
+    with pytest.raises(files.UnusableFileError) as ei:
+        files.open_regular(ds / "escape.bin", within=ds)
+    assert (ei.value.errno, ei.value.strerror, ei.value.filename) == (
+        errno.EXDEV, f"resolves to {str(outside)!r}, outside the dataset directory", str(ds / "escape.bin"))  # fmt: skip
+    fd, st = files.open_regular(ds / "in.bin", within=ds)
+    try:
+        assert st.st_size == 3 and os.pread(fd, 3, 0) == b"abc"
+    finally:
+        os.close(fd)
+
+
+def names_open() -> list[str]:
+    """What this process's open descriptors name (/proc/self/fd)."""
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+            names.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return names
+
+
+def test_read_regular_leaves_no_descriptor_open(tmp_path) -> None:
+    """read_regular gives the file's bytes; no descriptor of it is left open."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("no /proc")
+    p = tmp_path / "f.bin"
+    p.write_bytes(b"labels!")
+    assert files.read_regular(p, 7) == b"labels!"
+    assert str(p) not in names_open()
+
+
+def test_resident_bytes_leaves_no_map_of_the_file(tmp_path) -> None:
+    """resident_bytes maps the file to ask mincore, and unmaps it: no line of /proc/self/maps names it."""
+    if not os.path.exists("/proc/self/maps"):
+        pytest.skip("no /proc")
+    p = tmp_path / "mapped.bin"
+    p.write_bytes(b"m" * 10000)
+    p.read_bytes()
+    assert pagecache.resident_bytes(p) == 10000
+    with open("/proc/self/maps") as f:
+        assert not [line for line in f if line.rstrip().endswith(str(p))]
