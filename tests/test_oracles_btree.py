@@ -24,8 +24,11 @@ file when asked, a file that changes while it is read).
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import mmap
 import os
+import signal
 import struct
 import threading
 import time
@@ -36,7 +39,8 @@ import pytest
 
 from fastload.errors import CorruptDataError, FormatError
 from fastload.store import DamagedShardError, READ_SLACK, ShardFile, ShardScan, check_shard_structure, drop_cached, file_identity
-from fastload.store import btree, files
+from fastload.store import btree, files, iter_headers
+from fastload.format import ENC_JPEG, encode_record
 
 PH = 16  # page header
 NH = 8  # node header
@@ -272,7 +276,7 @@ def test_every_record_reads_back_as_written(tmp_path, big, newer):
         assert bytes(f.value(i)) == want
         b, n2, off2 = f.read(i)
         assert (bytes(b), n2, off2) == (want, n, off)
-        for pos in (0, 5):
+        for pos in (0, 5, 100):  # 100: past the 16 bytes of an overflow page's header
             start, n3 = f.read_into(i, buf, pos, addr)
             extra = PH if ov is not None else 0
             assert (start, n3) == (pos + extra, n)
@@ -280,6 +284,23 @@ def test_every_record_reads_back_as_written(tmp_path, big, newer):
             if ov is not None:  # the overflow page's own header came with it
                 assert struct.unpack_from("<QHHI", buf, pos) == (ov, 0, P_OVERFLOW, -(-(PH + n) // 4096))
     f.close()
+
+
+def test_meta_pages_of_the_same_transaction_read_as_meta_page_0(tmp_path):
+    """Both meta pages of one transaction number: meta page 0 is taken, as LMDB's mdb_env_pick_meta does
+    (page 1 only if 0's transaction is older): here 0 describes the tree, 1 an empty database."""
+    s = built(False)
+    d = s.image(newer=0)
+    put(d, 4096 + PH + 128, "<Q", 2)  # meta 1's txnid: 2, as meta 0's
+    path = write(tmp_path / "s.lmdb", d)
+    assert check_shard_structure(path, len(d), first=FIRST, count=N) is None
+    f = open_file(path)
+    assert [bytes(f.value(i)) for i in range(FIRST, FIRST + N)] == [value(i, s.recs[i][1]) for i in range(FIRST, FIRST + N)]
+    f.close()
+    d = s.image(newer=1)
+    put(d, PH + 128, "<Q", 2)  # the other way round: meta 0 the empty one, of the same transaction
+    path = write(tmp_path / "e.lmdb", d)
+    assert check_shard_structure(path, len(d), first=FIRST, count=N) == f"LMDB file holds no records, the manifest says {N}"
 
 
 def test_read_into_of_records_not_in_the_page_cache(tmp_path):
@@ -649,6 +670,8 @@ TREE = [
     ("no nodes", lambda s, d: put(d, s.levels[3][3] * 4096 + 12, "<H", PH), "LMDB page with an invalid node table"),
     ("lower above upper", lambda s, d: put(d, s.levels[3][3] * 4096 + 12, "<HH", 4000, 3999), "LMDB page with an invalid node table"),
     ("upper past the page", lambda s, d: put(d, s.levels[1][1] * 4096 + 14, "<H", 4097), "LMDB page with an invalid node table"),
+    # upper at the page's end is a well-formed table header; it leaves no room for the nodes it lists
+    ("upper at the page's end", lambda s, d: put(d, s.levels[3][3] * 4096 + 14, "<H", 4096), "LMDB node offset outside its page"),
     ("a node below upper", lambda s, d: put(d, s.levels[3][2] * 4096 + PH + 2, "<H", s.nodes[s.levels[3][2]][-1] - 2),
      "LMDB node offset outside its page"),
     ("a node past the page", lambda s, d: put(d, s.levels[3][2] * 4096 + PH, "<H", 4096 - NH + 1), "LMDB node offset outside its page"),
@@ -659,10 +682,20 @@ TREE = [
      "LMDB branch node outside its page or pointing past the last page"),
     ("a branch key past the page", lambda s, d: put(d, root_node(s, 1) + 6, "<H", 4096),
      "LMDB branch node outside its page or pointing past the last page"),
+    # the root's node 0 is the page's last 8 bytes (its key is empty): a key of 8 ends 8 bytes past the page
+    ("a first branch key past the page", lambda s, d: put(d, root_node(s, 0) + 6, "<H", 8),
+     "LMDB branch node outside its page or pointing past the last page"),
     ("a branch key of 7 bytes", lambda s, d: put(d, root_node(s, 1) + 6, "<H", 7), "{keys}"),
     ("a branch bound out of order", lambda s, d: put(d, s.node_at(s.levels[2][1], 1) + NH, ">Q", FIRST), "{keys}"),
     ("bounds equal", lambda s, d: put(d, s.node_at(s.levels[2][1], 1) + NH, ">Q", FIRST + 8), "{keys}"),
     ("a bound past the parent's range", lambda s, d: put(d, s.node_at(s.levels[1][0], 1) + NH, ">Q", FIRST + 99), "{keys}"),
+    # leaves 0, 1, 2 (keys FIRST..+2, +3, +4..+7) under one branch, bounds FIRST, +3, +4: the second bound made +2,
+    # still in order, puts leaf 0's last key at its right neighbour's lower bound
+    ("a bound below its left child's last key", lambda s, d: put(d, s.node_at(s.levels[2][0], 1) + NH, ">Q", FIRST + 2), "{keys}"),
+    # leaves 3, 4, 5 (keys +8..+9, +10..+12, +13), bounds +8, +10, +13: the last bound made +12 puts leaf 4's
+    # last key, the next to last child's, at it
+    ("a last bound below its left child's last key", lambda s, d: put(d, s.node_at(s.levels[2][1], 2) + NH, ">Q", FIRST + 12),
+     "{keys}"),
     # leaf
     ("unsupported flags", lambda s, d: put(d, s.node_at(s.levels[3][4], 0) + 4, "<H", 0x02), "LMDB leaf node with unsupported flags"),
     ("a value past its page", lambda s, d: put(d, s.node_at(s.levels[3][6], 0), "<H", 4096), "LMDB leaf node outside its page"),
@@ -708,7 +741,8 @@ def test_without_keys_only_the_structure_is_checked(tmp_path):
     """Keys of other sizes, out of order, not the manifest's: a scan without keys reads them."""
     edits = {what: edit for what, edit, _m in TREE}
     for what in ("a branch key of 7 bytes", "a branch bound out of order", "bounds equal", "a bound past the parent's range",
-                 "a leaf key of 9 bytes", "a leaf key changed", "two leaf keys swapped"):  # fmt: skip
+                 "a bound below its left child's last key", "a last bound below its left child's last key", "a leaf key of 9 bytes", "a leaf key changed",
+                 "two leaf keys swapped"):  # fmt: skip
         edit = edits[what]
         s, path, size = damaged(tmp_path, True, edit)
         assert check_shard_structure(path, size) is None
@@ -925,6 +959,13 @@ def test_a_branch_that_is_its_own_child(tmp_path, keyed):
     with pytest.raises(DamagedShardError) as e:
         list(ShardScan(path).records())
     assert e.value.problem == msg
+    # 31 levels: 31 references to pages of a 31-page file need not repeat one (the count alone does not
+    # tell); the scan reads its leaf level, the 31st, and finds the branch page there
+    put(d, 4096 + PH + 72 + 6, "<H", 31)
+    path = write(tmp_path / "s.lmdb", d)
+    with pytest.raises(DamagedShardError) as e:
+        list(ShardScan(path).records())
+    assert e.value.problem == "LMDB B-tree level mixes branch and leaf pages"
     d = s.image(extra_pages=1)  # 32 pages: 32 levels are read before the page count is passed
     path = write(tmp_path / "t.lmdb", d)
     put(d, 4096 + PH + 120, "<Q", 31)
@@ -1184,6 +1225,58 @@ def test_page_numbers_above_16_bits(tmp_path):
         assert len(list(scan.records())) == 3
 
 
+def test_page_numbers_above_32_bits(tmp_path):
+    """The high part of a child's page number is mn_flags << 32: a leaf at page 2**32 + 1 (a sparse
+    file of 512-byte pages, 2 TiB), the last page of the file, is found."""
+    s = Shard(512)
+    r = s.alloc()
+    s.next = 2**32 + 1
+    leaf = s.leaf([(FIRST + j, value(FIRST + j, 100), False) for j in range(3)])
+    s.node_page(r, P_BRANCH, [struct.pack("<HHHH", leaf & 0xFFFF, (leaf >> 16) & 0xFFFF, leaf >> 32, 0)])
+    s.branches.append(r)
+    assert leaf == 2**32 + 1 and struct.unpack_from("<HHH", s.pages[r], s.nodes[r][0]) == (1, 0, 1)
+    path = tmp_path / "s.lmdb"
+    size = (leaf + 1) * 512
+    try:
+        with open(path, "wb") as out:  # sparse: only the pages written take room
+            for p, buf in sorted(s.pages.items()) + [(0, s.meta(0, 1, root=INVALID, depth=0, entries=0, last=1, overflow=0)),
+                                                      (1, s.meta(1, 2, root=r, depth=2, entries=3, last=leaf, overflow=0))]:  # fmt: skip
+                out.seek(p * 512)
+                out.write(buf)
+    except OSError as e:
+        if e.errno != errno.EFBIG:
+            raise
+        pytest.skip("this file system has no files of 2 TiB")
+    assert os.path.getsize(path) == size
+    assert check_shard_structure(path, size, first=FIRST, count=3) is None
+    f = open_file(path, count=3)
+    assert [bytes(f.value(FIRST + j)) for j in range(3)] == [value(FIRST + j, 100) for j in range(3)]
+    assert f.locate(FIRST)[0] // 512 == leaf
+    f.close()
+    with ShardScan(path) as scan:
+        assert [bytes(v) for _k, v, _n in scan.records()] == [value(FIRST + j, 100) for j in range(3)]
+
+
+def test_a_scan_given_descriptor_0_closes_it(tmp_path):
+    """In a process whose standard input is closed, a scan's file gets descriptor 0 (the lowest free):
+    closing the scan closes it."""
+    path = write(tmp_path / "s.lmdb", built(True).image())
+    saved = os.dup(0)
+    try:
+        os.close(0)
+        scan = ShardScan(path)
+        try:
+            assert scan._fd == 0
+        finally:
+            scan.close()
+        with pytest.raises(OSError) as e:
+            os.fstat(0)
+        assert e.value.errno == errno.EBADF
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+
+
 def test_a_record_of_no_bytes_is_missing(tmp_path):
     """A record whose value is empty (fastload writes none: a value holds a 40-byte header) is
     never taken as located: reading it says it is missing, in an eager shard as in a lazy one."""
@@ -1295,3 +1388,256 @@ def test_read_asks_the_filler_for_the_whole_value_then_reads_it(tmp_path, head):
     f.read_into(FIRST + 4, buf, 0, buf.ctypes.data)
     assert rec.fills == [([(off - PH, n + PH)], True)]
     f.close()
+
+
+# -- what the advice to the page cache leaves in it ----------------------------------------------
+def resident_pages(path: Path) -> set[int]:
+    """The pages of ``path`` the page cache holds now: mincore of a private map of it, written here
+    (a map's pages are not read until touched, and these are never touched)."""
+    size = os.path.getsize(path)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    vec = np.zeros(-(-size // mmap.PAGESIZE), dtype=np.uint8)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as m:
+        cell = ctypes.c_char.from_buffer(m)
+        rc = libc.mincore(ctypes.c_void_p(ctypes.addressof(cell)), size, vec.ctypes.data_as(ctypes.c_void_p))
+        del cell
+    assert rc == 0, os.strerror(ctypes.get_errno())
+    return {int(p) for p in np.flatnonzero(vec & 1)}
+
+
+def cold(path: Path) -> None:
+    """Drop ``path`` from the page cache (again while a read the kernel started is still in flight: its pages
+    are dropped once read), or skip where this file system keeps it (tmpfs)."""
+    for _ in range(100):
+        drop_cached(path)
+        if not resident_pages(path):
+            return
+        time.sleep(0.01)
+    pytest.skip("the page cache keeps this file system's pages")
+
+
+def settled(path: Path, want: set[int], wait: float = 5.0) -> set[int]:
+    """The resident pages of ``path`` once they are ``want`` (advice is carried out in the background), or
+    after ``wait`` seconds whatever they are."""
+    end = time.monotonic() + wait
+    while (got := resident_pages(path)) != want and time.monotonic() < end:
+        time.sleep(0.01)
+    return got
+
+
+@pytest.mark.parametrize("big", [False, True], ids=["small", "big"])
+def test_a_structure_check_leaves_only_the_pages_it_checks_in_the_page_cache(tmp_path, big):
+    """check_shard_structure reads the two meta pages, then the branch and leaf pages, each asked for
+    exactly (POSIX_FADV_WILLNEED) before it is read, on a descriptor with the kernel's default read-ahead:
+    a cold file holds those pages afterwards and no other, no overflow page (pages 2 and 3 of the big
+    shard: its first overflow value's) and none of the unused pages at the end."""
+    assert mmap.PAGESIZE == 4096
+    s = built(big)
+    path = write(tmp_path / "s.lmdb", s.image(extra_pages=8))
+    cold(path)
+    assert check_shard_structure(path, os.path.getsize(path), first=FIRST, count=N) is None
+    want = {0, 1, *s.branches, *(p for p, _ks in s.leaves)}
+    assert (s.recs[FIRST + 1][2] == 2) is big and len(want) == 2 + 7 + 12
+    assert settled(path, want, 0.3) == want
+
+
+@pytest.mark.parametrize("n, pages", [(20000, 5), (20454, 5), (20474, 6)])
+def test_read_with_a_head_has_the_kernel_read_the_whole_value(tmp_path, n, pages):
+    """read(i, head) of a value over 16384 bytes reads only the head, having asked for the whole value
+    with its overflow header (POSIX_FADV_WILLNEED: the rest is read with pread next, from the page cache):
+    on a cold file its overflow pages (from page 2) come into the page cache, and nothing else, not the
+    next record's first page (the shard's descriptor reads no more than it is asked: FADV_RANDOM).
+    16 + 20454 bytes end 10 bytes before a page's end; 16 + 20474, 10 bytes into the sixth page."""
+    assert mmap.PAGESIZE == 4096
+    s = Shard()
+    s.tree([(FIRST, value(FIRST, n), True), (FIRST + 1, value(FIRST + 1, 5000), True)], [2], 2)
+    assert (s.recs[FIRST][2], s.recs[FIRST + 1][2]) == (2, 2 + pages)
+    path = write(tmp_path / "s.lmdb", s.image(extra_pages=8))
+    f = open_file(path, count=2)  # its tree was read now
+    cold(path)
+    b, n2, off = f.read(FIRST, 5)
+    assert (bytes(b), n2, off) == (value(FIRST, n)[:5], n, 2 * 4096 + PH)
+    want = set(range(2, 2 + pages))
+    assert settled(path, want) == want
+    f.close()
+
+
+def test_willneed_has_the_kernel_read_exactly_the_records_asked_for(tmp_path):
+    """willneed of one record in overflow pages (20000 bytes, five pages) on a cold file: those five pages
+    come into the page cache, nothing else."""
+    assert mmap.PAGESIZE == 4096
+    s = built(True)
+    path = write(tmp_path / "s.lmdb", s.image(extra_pages=8))
+    f = open_file(path)
+    off, n, ov = s.recs[FIRST + 4]
+    assert n == 20000
+    cold(path)
+    f.willneed([FIRST + 4])
+    want = set(range(ov, ov + 5))
+    assert settled(path, want) == want
+    f.close()
+
+
+def test_iter_headers_reads_only_the_first_page_of_each_record_in_overflow_pages(tmp_path):
+    """iter_headers gives each record's header (fastload records: label j, width 10 + j), reading of a
+    record in overflow pages only its header: on a cold file, the meta, branch and leaf pages and the
+    first overflow page of each such record come into the page cache, not their other pages."""
+    assert mmap.PAGESIZE == 4096
+    sizes = [20000, 9000, 300, 5000, 100, 12000]
+    recs = [encode_record(bytes(n), label=j, encoding=ENC_JPEG, width=10 + j, height=20, orig_width=10 + j, orig_height=20)
+            for j, n in enumerate(sizes)]  # fmt: skip
+    s = Shard()
+    s.tree([(FIRST + j, r, len(r) > 2000) for j, r in enumerate(recs)], [3], 2)
+    path = write(tmp_path / "h.lmdb", s.image(extra_pages=8))
+    cold(path)
+    got = [(i, h.label, h.width, h.payload_len) for i, h in iter_headers(path)]
+    assert got == [(FIRST + j, j, 10 + j, n) for j, n in enumerate(sizes)]
+    firsts = {ov for _o, _n, ov in s.recs.values() if ov is not None}
+    assert len(firsts) == 4
+    want = {0, 1, *s.branches, *(p for p, _ks in s.leaves), *firsts}
+    assert settled(path, want, 0.3) == want
+
+
+def test_read_into_of_a_record_whose_first_page_only_is_cached(tmp_path, monkeypatch):
+    """The value's first overflow page in the page cache, the others not: preadv2(RWF_NOWAIT) copies that
+    page (4096 bytes, seen by calling nowait_read alone first), preadv reads the rest from where it
+    stopped into the buffer where it stopped: the value's bytes, nothing written before ``pos`` or after
+    the value. (On a flag of this test's own: another test may have met a descriptor without RWF_NOWAIT.)"""
+    monkeypatch.setattr(files, "_NOWAIT_OK", [True])
+    assert mmap.PAGESIZE == 4096
+    s = built(True)
+    path = write(tmp_path / "s.lmdb", s.image())
+    f = open_file(path)
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # reads of this descriptor read only what they ask
+    pos = 7
+    try:
+        seen = 0
+        for i in range(FIRST, FIRST + N):
+            off, n, ov = s.recs[i]
+            if ov is None or PH + n <= 4096:
+                continue
+            total = PH + n
+            probe = np.zeros(total, dtype=np.uint8)
+            cold(path)
+            os.pread(fd, 4096, ov * 4096)
+            assert resident_pages(path) == {ov}
+            assert files.nowait_read(fd, probe.ctypes.data, total, ov * 4096) == 4096
+            cold(path)
+            os.pread(fd, 4096, ov * 4096)
+            buf = np.full(pos + total + 64, 0xEE, dtype=np.uint8)
+            assert f.read_into(i, buf, pos, buf.ctypes.data) == (pos + PH, n)
+            assert bytes(buf[pos + PH : pos + total]) == value(i, n)
+            assert struct.unpack_from("<QHHI", buf, pos) == (ov, 0, P_OVERFLOW, -(-total // 4096))
+            assert set(buf[:pos]) == {0xEE} and set(buf[pos + total :]) == {0xEE}
+            seen += 1
+        assert seen == 13  # the values of 5000, 9000 and 20000 bytes
+    finally:
+        os.close(fd)
+        f.close()
+
+
+# -- sizes of 64 KiB and more, forks, threads ------------------------------------------------------
+def test_values_of_64_kib_and_more(tmp_path):
+    """A leaf node's value size is mn_lo | mn_hi << 16: values of 65535, 65536 and 100000 bytes (mn_hi 0,
+    1 and 1) are located, read and scanned whole."""
+    sizes = [65535, 65536, 100000]
+    s = Shard()
+    s.tree([(FIRST + j, value(FIRST + j, n), True) for j, n in enumerate(sizes)], [3], 2)
+    path = write(tmp_path / "s.lmdb", s.image())
+    f = open_file(path, count=3)
+    for j, n in enumerate(sizes):
+        i = FIRST + j
+        assert f.locate(i) == (s.recs[i][0], n)
+        b, n2, _off = f.read(i)
+        assert (bytes(b), n2) == (value(i, n), n)
+    f.close()
+    with ShardScan(path) as scan:
+        got = [(bytes(k), bytes(v), n) for k, v, n in scan.records()]
+    assert got == [(key(FIRST + j), value(FIRST + j, n), n) for j, n in enumerate(sizes)]
+
+
+def test_a_child_of_fork_locates_records_though_the_parent_held_the_files_lock(tmp_path):
+    """A lazy shard's lock, held in the parent at the fork (as by a thread that does not exist in the
+    child), is never released in the child: the child takes a lock of its own and reads a record not
+    located before as the parent would. (The child is stopped after 5 s: a wait for the parent's lock.)"""
+    s = built(False)
+    f = open_file(write(tmp_path / "s.lmdb", s.image()))
+    assert f.lazy and bytes(f.value(FIRST)) == value(FIRST, s.recs[FIRST][1])  # this process has used the lock
+    i = FIRST + N - 1  # in the last leaf, under other branches
+    want = value(i, s.recs[i][1])
+    r, w = os.pipe()
+    with f._lock:
+        pid = os.fork()
+        if pid == 0:  # the child
+            try:
+                os.close(r)
+                signal.alarm(5)
+                os.write(w, b"same" if bytes(f.value(i)) == want else b"other")
+            finally:
+                os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as rf:
+        got = rf.read()
+    os.waitpid(pid, 0)
+    assert got == b"same"
+    assert bytes(f.value(i)) == want  # and the parent's lock was not broken meanwhile
+    f.close()
+
+
+def test_the_fork_handler_gives_the_child_locks_no_thread_holds(tmp_path, monkeypatch):
+    """In the child of a fork, a lock that a thread of the parent held (the table's, or the lock of a
+    file being opened) would never be released: the handler registered with os.register_at_fork
+    replaces the table's lock and forgets the files being opened. Called here as fork calls it in the
+    child, both locks held by this thread: a file is then opened (in a thread, given 10 s)."""
+    monkeypatch.setattr(btree, "_FILES_LOCK", btree._FILES_LOCK)  # the process's lock, restored afterwards
+    s = built(False)
+    path = str(write(tmp_path / "s.lmdb", s.image()))
+    ident = file_identity(os.stat(path))
+    table, opening = btree._FILES_LOCK, threading.Lock()
+    monkeypatch.setitem(btree._OPENING, (path, ident, FIRST, N), opening)
+    got: list = []
+
+    def opener():
+        got.append(btree.open_shard_file(path, ident, first=FIRST, count=N))
+
+    with table, opening:
+        btree._after_fork()
+        assert btree._OPENING == {}
+        t = threading.Thread(target=opener, daemon=True)
+        t.start()
+        t.join(10)
+        assert len(got) == 1 and bytes(got[0].value(FIRST + 3)) == value(FIRST + 3, s.recs[FIRST + 3][1])
+    btree.close_shared()
+
+
+def test_threads_opening_a_damaged_file_at_once_both_say_why(tmp_path):
+    """While one thread opens a shard that proves damaged, another asking for it waits; the first fails
+    and leaves nothing behind, the second then opens it itself and fails the same way; nothing is left
+    in the table of files being opened."""
+    s = built(True)
+    path = str(write(tmp_path / "s.lmdb", s.image()))
+    st = os.stat(path)
+    ident = (st.st_ino, st.st_size, 0)
+    gate = Gate()
+    got: list = [None, None]
+
+    def opener(j):
+        try:
+            btree.open_shard_file(path, ident, first=FIRST, count=N - 1, filler=gate)
+        except Exception as e:  # noqa: BLE001 (what each thread met, checked below)
+            got[j] = e
+
+    a = threading.Thread(target=opener, args=(0,))
+    a.start()
+    assert gate.entered.wait(10)
+    b = threading.Thread(target=opener, args=(1,))
+    b.start()
+    time.sleep(0.3)  # b is waiting for a's opening to finish
+    gate.go.set()
+    a.join(10), b.join(10)
+    want = f"LMDB file holds {N} records, the manifest says {N - 1}"
+    assert [type(e) for e in got] == [DamagedShardError, DamagedShardError]
+    assert [e.problem for e in got] == [want, want]
+    assert btree._OPENING == {}

@@ -11,16 +11,20 @@ dataset, a size that changed) against their errno and reason written out.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
+import hashlib
 import io
 import mmap
 import os
 import stat
+import warnings
 
 import numpy as np
 import pytest
 
+from fastload.errors import CorruptDataError
 from fastload.format import RecordHeader
 from fastload.store import files, hashes, pagecache
 
@@ -209,7 +213,8 @@ def test_stat_regular_refusals_say_what_the_file_is(tmp_path) -> None:
         assert files.file_problem(ei.value) == reason
     with pytest.raises(files.UnusableFileError) as ei:
         files.stat_regular(str(tmp_path / "a\0b"))
-    assert ei.value.errno == errno.EINVAL and ei.value.strerror.startswith("has an unusable name (")
+    assert (ei.value.errno, ei.value.strerror, ei.value.filename) == (
+        errno.EINVAL, "has an unusable name (embedded null byte)", str(tmp_path / "a\0b"))  # fmt: skip
     assert files.stat_regular(outside, within=tmp_path).st_size == 1
 
 
@@ -286,6 +291,9 @@ def test_resident_bytes_of_a_file_past_2_gib(tmp_path) -> None:
         f.write(b"x" * (2 * mmap.PAGESIZE))
     assert os.path.getsize(p) == size
     assert pagecache.resident_bytes(p) == 2 * mmap.PAGESIZE
+    if os.path.exists("/proc/self/maps"):  # and the 3 GiB map is gone (munmap given the whole length too)
+        with open("/proc/self/maps") as f:
+            assert not [line for line in f if line.rstrip().endswith(str(p))]
 
 
 def test_load_preadv2_gives_libcs_preadv2_with_64_bit_offsets(tmp_path) -> None:
@@ -307,6 +315,8 @@ def test_load_preadv2_gives_libcs_preadv2_with_64_bit_offsets(tmp_path) -> None:
         assert f(fd, ctypes.pointer(iov), 1, off, 0) == 8
         assert buf.raw == b"far away"
         assert f(fd, ctypes.pointer(iov), 1, 11, 0) == 8 and buf.raw[:4] == b"near"
+        ctypes.set_errno(0)  # a failed call's errno is what ctypes.get_errno() gives next (nowait_read reads it)
+        assert f(fd, ctypes.pointer(iov), 1, -2, 0) == -1 and ctypes.get_errno() == errno.EINVAL
     finally:
         os.close(fd)
 
@@ -347,3 +357,171 @@ def test_nowait_read_where_the_kernel_refuses_it(tmp_path, monkeypatch) -> None:
         assert not buf.any()
     finally:
         os.close(fd)
+
+
+def test_nowait_read_at_the_end_of_the_file_copies_nothing_and_stays_on(tmp_path, monkeypatch) -> None:
+    """preadv2 at the end of the file returns 0 and sets no errno: whatever errno a failed call left
+    (here lseek with a whence that does not exist: EINVAL) does not mark RWF_NOWAIT unavailable, and
+    the next read of cached bytes copies them. (On a flag of this test's own.)"""
+    monkeypatch.setattr(files, "_NOWAIT_OK", [True])
+    p = tmp_path / "f.bin"
+    data = bytes(range(256)) * 16
+    p.write_bytes(data)
+    p.read_bytes()
+    buf = np.zeros(16, dtype=np.uint8)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.lseek.restype, libc.lseek.argtypes = ctypes.c_int64, [ctypes.c_int, ctypes.c_int64, ctypes.c_int]
+        assert libc.lseek(fd, 0, 12345) == -1 and ctypes.get_errno() == errno.EINVAL
+        assert files.nowait_read(fd, buf.ctypes.data, 16, len(data)) == 0
+        assert files._NOWAIT_OK == [True]
+        assert files.nowait_read(fd, buf.ctypes.data, 16, 100) == 16 and bytes(buf) == data[100:116]
+    finally:
+        os.close(fd)
+
+
+def test_close_fd_of_a_descriptor_that_is_gone_does_nothing() -> None:
+    """close_fd of a descriptor that is not open (EBADF for os.close) returns without an error; of one
+    that is, closes it."""
+    for fd in (-1, 2**30):  # never open (a number just closed could be reused by another thread meanwhile)
+        with pytest.raises(OSError) as ei:
+            os.close(fd)
+        assert ei.value.errno == errno.EBADF
+        assert files.close_fd(fd) is None
+    r, w = os.pipe()
+    files.close_fd(w)
+    assert os.read(r, 1) == b""  # its only writer gone: end of file, so it was closed
+    os.close(r)
+
+
+def test_resident_bytes_of_a_file_that_cannot_be_mapped_gives_the_systems_errno() -> None:
+    """A sysfs attribute is a regular file (4096 bytes) that cannot be mapped: mmap fails with ENODEV
+    (kernfs maps only binary attributes), reported with that errno, whatever errno was left before."""
+    p = "/sys/devices/system/cpu/online"
+    if not os.path.exists(p):
+        pytest.skip("no sysfs")
+    assert stat.S_ISREG(os.stat(p).st_mode)
+    ctypes.set_errno(0)
+    with pytest.raises(OSError) as ei:
+        pagecache.resident_bytes(p)
+    assert (ei.value.errno, ei.value.strerror, ei.value.filename) == (errno.ENODEV, "mmap failed", p)
+
+
+def test_file_sha256_is_the_files_digest_and_leaves_no_descriptor_open(tmp_path) -> None:
+    """file_sha256 of a file of a few 4 MiB blocks is hashlib's digest of its bytes, with no warning; no
+    descriptor of it is left open (none in /proc/self/fd names it)."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("no /proc")
+    p = tmp_path / "f.bin"
+    data = bytes(range(251)) * 40000  # 10 MB: two whole blocks and a part
+    p.write_bytes(data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and warns of nothing
+        assert hashes.file_sha256(p) == hashlib.sha256(data).hexdigest()
+    assert str(p) not in names_open()
+
+
+def test_iter_headers_names_the_file_of_a_key_that_is_not_8_bytes(tmp_path) -> None:
+    """A shard (written by LMDB itself) whose key is 7 bytes: iter_headers refuses it naming the file."""
+    lmdb = pytest.importorskip("lmdb")
+    p = tmp_path / "k.lmdb"
+    env = lmdb.open(str(p), subdir=False, map_size=1 << 20, lock=False)
+    with env.begin(write=True) as txn:
+        txn.put(b"1234567", bytes(64))
+    env.close()
+    with pytest.raises(CorruptDataError) as ei:
+        list(hashes.iter_headers(p))
+    assert str(ei.value) == f"{p}: record key of 7 bytes (expected 8)"
+
+
+def test_read_regular_reads_without_a_warning(tmp_path) -> None:
+    """read_regular gives the file's bytes and warns of nothing (warnings made errors)."""
+    p = tmp_path / "f.bin"
+    data = bytes(range(256)) * 3
+    p.write_bytes(data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert files.read_regular(p, len(data)) == data
+
+
+def test_open_regular_of_a_path_swapped_for_a_directory_as_it_is_opened(tmp_path, monkeypatch) -> None:
+    """A symlink to a regular file, checked, then pointed at a directory just before the open (the race
+    made exact: the open itself is the real one): the check through the descriptor refuses it with
+    EINVAL and the reason, and the descriptor it opened is closed."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("no /proc")
+    f = tmp_path / "f.bin"
+    f.write_bytes(b"x")
+    d = tmp_path / "d"
+    d.mkdir()
+    link = tmp_path / "link"
+    os.symlink(f, link)
+    real_open = os.open
+
+    def swap_then_open(path, flags, *args, **kwargs):
+        if os.fspath(path) == str(link):
+            os.remove(link)
+            os.symlink(d, link)
+        return real_open(path, flags, *args, **kwargs)
+
+    before = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(os, "open", swap_then_open)
+    try:
+        with pytest.raises(files.UnusableFileError) as ei:
+            files.open_regular(link)
+    finally:
+        monkeypatch.undo()
+    assert (ei.value.errno, ei.value.strerror, ei.value.filename) == (errno.EINVAL, "is a directory, not a regular file", str(link))
+    assert os.path.isdir(link) and len(os.listdir("/proc/self/fd")) == before
+
+
+def test_open_regular_within_a_directory_refuses_a_file_that_resolves_outside_it(tmp_path) -> None:
+    """open_regular with ``within``: a symlink out of the directory is refused as stat_regular refuses it,
+    EXDEV and the reason; one inside is opened."""
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"z")
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    os.symlink(outside, ds / "escape.bin")
+    (ds / "in.bin").write_bytes(b"abc")
+    with pytest.raises(files.UnusableFileError) as ei:
+        files.open_regular(ds / "escape.bin", within=ds)
+    assert (ei.value.errno, ei.value.strerror, ei.value.filename) == (
+        errno.EXDEV, f"resolves to {str(outside)!r}, outside the dataset directory", str(ds / "escape.bin"))  # fmt: skip
+    fd, st = files.open_regular(ds / "in.bin", within=ds)
+    try:
+        assert st.st_size == 3 and os.pread(fd, 3, 0) == b"abc"
+    finally:
+        os.close(fd)
+
+
+def names_open() -> list[str]:
+    """What this process's open descriptors name (/proc/self/fd)."""
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+            names.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return names
+
+
+def test_read_regular_leaves_no_descriptor_open(tmp_path) -> None:
+    """read_regular gives the file's bytes; no descriptor of it is left open."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("no /proc")
+    p = tmp_path / "f.bin"
+    p.write_bytes(b"labels!")
+    assert files.read_regular(p, 7) == b"labels!"
+    assert str(p) not in names_open()
+
+
+def test_resident_bytes_leaves_no_map_of_the_file(tmp_path) -> None:
+    """resident_bytes maps the file to ask mincore, and unmaps it: no line of /proc/self/maps names it."""
+    if not os.path.exists("/proc/self/maps"):
+        pytest.skip("no /proc")
+    p = tmp_path / "mapped.bin"
+    p.write_bytes(b"m" * 10000)
+    p.read_bytes()
+    assert pagecache.resident_bytes(p) == 10000
+    with open("/proc/self/maps") as f:
+        assert not [line for line in f if line.rstrip().endswith(str(p))]
