@@ -525,3 +525,20 @@ def test_resident_bytes_leaves_no_map_of_the_file(tmp_path) -> None:
     assert pagecache.resident_bytes(p) == 10000
     with open("/proc/self/maps") as f:
         assert not [line for line in f if line.rstrip().endswith(str(p))]
+
+
+@pytest.mark.slow
+def test_read_regular_reads_a_file_larger_than_one_read_returns(tmp_path) -> None:
+    """Linux's read(2) returns at most 0x7ffff000 bytes (2 GiB - 4 KiB) per call: a labels file past that
+    (more than 536,869,888 samples) was refused as "changed while being read". A sparse file of
+    2 GiB + 4 KiB with marks at its start, at the first call's limit and at its end reads back whole."""
+    path, size = tmp_path / "big.bin", (2 << 30) + 4096
+    with open(path, "wb") as f:
+        f.truncate(size)
+        for off, mark in [(0, b"first"), (0x7FFFF000 - 3, b"limit"), (size - 4, b"last")]:
+            f.seek(off)
+            f.write(mark)
+    data = files.read_regular(path, size)
+    assert len(data) == size
+    assert data[:5] == b"first" and data[0x7FFFF000 - 3 : 0x7FFFF000 + 2] == b"limit" and data[-4:] == b"last"
+    del data

@@ -100,6 +100,11 @@ def read_regular(path: str | os.PathLike, size: int) -> bytes:
         if st.st_size != size:
             raise UnusableFileError(errno.ESTALE, f"changed while being opened ({st.st_size} bytes, expected {size})", p)
         data = f.read(size + 1)
+        while len(data) <= size:  # one read(2) returns at most 0x7ffff000 bytes on Linux: read on to the end
+            more = f.read(size + 1 - len(data))
+            if not more:
+                break
+            data += more
     if len(data) != size:
         raise UnusableFileError(errno.ESTALE, f"changed while being read ({len(data)} bytes, expected {size})", p)
     return data
