@@ -964,3 +964,136 @@ def test_a_length_of_its_own_on_a_dataset_of_no_torch_class_is_checked_too(tmp_p
     ok = Listed(tmp_path, [(a, 0), (b, 0)], ["k"])
     ok.n = 2
     assert cache_entry(ok, cache_dir=tmp_path / "c").name.startswith(f"{tmp_path.name}-")
+
+
+def test_a_loader_is_named_by_its_qualified_name_or_else_its_type(tmp_path):
+    """A function by its ``__qualname__``; an object that has none (a callable instance) by its class's
+    name. Kills: the type of something else named."""
+    root = bmp_folder(tmp_path / "imgs")
+
+    def mine(path):
+        return tv_folder.pil_loader(path)
+
+    class Reader:
+        def __call__(self, path):
+            return tv_folder.pil_loader(path)
+
+    for loader, name in ((mine, mine.__qualname__), (Reader(), "Reader")):
+        with pytest.raises(ConfigError) as e:
+            cache_entry(ImageFolder(str(root), loader=loader), cache_dir=tmp_path / "c")
+        assert str(e.value) == (
+            f"ImageFolder({root}): loads its files with a custom loader ({name}), whose images FastLoader cannot "
+            "reproduce: FastLoader decodes the files as RGB images like torchvision's default_loader; use the "
+            f"default loader, or {PACK_IT}"
+        )
+
+
+def test_without_torchvision_a_duck_typed_dataset_is_served_and_a_loader_refused(tmp_path, monkeypatch):
+    """torchvision made unimportable (``sys.modules[name] = None``, Python's own way to make an import
+    fail): a dataset of no torchvision class and no loader still gets its entry, its ``__getitem__``
+    checked against torch's ``Dataset`` alone; one with a loader is refused, naming it. Kills: a stand-in
+    for the missing module that is not None, the loader's name lost."""
+    import sys
+
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "torchvision", None)
+    a = str(tmp_path / "a.jpg")
+    ds = Files(tmp_path, [(a, 0)], ["k"])
+    assert cache_entry(ds, cache_dir=tmp_path / "c").name.startswith(f"{tmp_path.name}-")
+
+    def mine(path):
+        return path
+
+    ds.loader = mine
+    with pytest.raises(ConfigError) as e:
+        cache_entry(ds, cache_dir=tmp_path / "c")
+    assert str(e.value) == (
+        f"Files({tmp_path}): loads its files with {mine.__qualname__}, and torchvision (whose default_loader the "
+        f"cache reproduces) is not importable; {PACK_IT}"
+    )
+
+
+def test_a_length_that_raises_is_shown_as_none(tmp_path):
+    class Broken(Files):
+        def __len__(self):
+            raise RuntimeError("no length")
+
+    ds = Broken(tmp_path, [(str(tmp_path / "a.jpg"), 0)], ["k"])
+    with pytest.raises(ConfigError) as e:
+        cache_entry(ds, cache_dir=tmp_path / "c")
+    assert str(e.value) == (
+        f"Broken({tmp_path}): {Broken.__qualname__}.__len__ gives None, not the 1 `samples` the cache packs, so "
+        f"FastLoader's indices would not be the dataset's; {PACK_IT}"
+    )
+
+
+def test_samples_without_a_length_are_not_file_based(tmp_path):
+    """``samples`` that can be iterated but has no length (a generator) is refused as a dataset that is not
+    file-based, before anything is read. Kills: the three conditions joined otherwise."""
+    a = str(tmp_path / "a.jpg")
+    ds = Files(tmp_path, (s for s in [(a, 0)]), ["k"])
+    with pytest.raises(ConfigError) as e:
+        cache_entry(ds, cache_dir=tmp_path / "c")
+    assert str(e.value) == (
+        f"Files({tmp_path}) is not file-based (it has no `samples` list of (path, class_index) like ImageFolder): "
+        "FastLoader packs ImageFolder/DatasetFolder datasets itself; for another dataset, pack it once with "
+        "fastload.pack_dataset(dataset, OUT) and pass OUT to FastLoader"
+    )
+
+
+def test_exactly_max_classes_classes_are_accepted(tmp_path):
+    """``MAX_CLASSES`` names, the last one used: accepted (one more is refused: see above)."""
+    names = [f"c{k}" for k in range(MAX_CLASSES)]
+    a = str(tmp_path / "a.jpg")
+    got = file_list(Files(tmp_path, [(a, MAX_CLASSES - 1)], names))
+    assert got.labels == [MAX_CLASSES - 1] and len(got.classes) == MAX_CLASSES and got.classes[-1] == f"c{MAX_CLASSES - 1}"
+
+
+def test_a_path_that_is_no_path_is_shown_cut_at_120(tmp_path):
+    """An int of 131 digits as a path: its repr cut to 120 characters, ``1`` and 119 zeros."""
+    with pytest.raises(ConfigError) as e:
+        file_list(Files(tmp_path, [(10**130, 0)], ["k"]))
+    assert str(e.value) == f"Files({tmp_path}).samples[0]: path 1{'0' * 119} is not a file path"
+
+
+def test_a_private_staging_is_named_for_the_host_made_safe(tmp_path, monkeypatch):
+    """Where the file system cannot lock: the staging directory ``<entry>.pack-<host>-<pid>``, the host
+    name (a stand-in: this machine's is already safe) with runs of characters outside ``[A-Za-z0-9._-]``
+    as one ``_``, cut at 40. Kills: the pattern or the cut changed."""
+
+    def flock(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(cache_mod, "fcntl", types.SimpleNamespace(flock=flock, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB))
+    monkeypatch.setattr(socket, "gethostname", lambda: "node 7//gpu\u00e9" + "x" * 40)
+    folder = ImageFolder(str(bmp_folder(tmp_path / "imgs")))
+    c = tmp_path / "c"
+    entry = cache_entry(folder, cache_dir=c)
+    calls = _spy_pack(monkeypatch, c)
+    assert cached_pack(folder, cache_dir=c, progress=False) == entry
+    [(_, staging, _)] = calls
+    host = "node_7_gpu_" + "x" * 29  # 11 + 29 = 40
+    assert staging.name == f"{entry.name}.pack-{host}-{os.getpid()}"
+
+
+def test_the_progress_wish_reaches_the_packer(tmp_path, monkeypatch):
+    """``progress`` (default True) handed to the packer as given, for a list file and for files packed as
+    bytes (class names ``1``, ``10`` that a list file cannot carry)."""
+    from fastload.packing.run import pack_like_pil_loader as real
+
+    got = []
+
+    def spy(src, out, **kw):
+        got.append((isinstance(src, (str, os.PathLike)), kw["progress"]))
+        return real(src, out, **kw)
+
+    monkeypatch.setattr(cache_mod, "pack_like_pil_loader", spy)
+    root = bmp_folder(tmp_path / "imgs")
+    files = sorted(str(p) for p in root.rglob("*.bmp"))
+    c = tmp_path / "c"
+    cached_pack(ImageFolder(str(root)), cache_dir=c)
+    cached_pack(Files(root, [(files[0], 0)], ["1", "10"]), cache_dir=c)
+    cached_pack(Files(root, [(files[1], 0)], ["1", "10"]), cache_dir=c, progress=False)
+    cached_pack(Files(root, [(files[2], 0), (files[3], 1)], ["a", "b"]), cache_dir=c, progress=0)
+    assert got == [(True, True), (False, True), (False, False), (True, False)]
