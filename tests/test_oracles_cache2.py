@@ -795,3 +795,305 @@ def test_a_resumed_pack_that_left_images_out_says_so(tmp_path, monkeypatch, capl
         "FastLoader reads the other 3"
     )
     assert reason and colours(entry) == [(0, 0), (0, 1), (1, 3)]
+
+
+# ----------------------------------------------------------------------------- classes, verification, staging
+
+
+def test_classes_that_are_not_names_are_refused_unless_they_are_imagenets(tmp_path):
+    """Tuples of names are taken only with ``wnids``, one string per class (torchvision's ``ImageNet``);
+    tuples alone, too few wnids or a wnid that is no string: the first class that is not a string named,
+    its repr cut at 80 characters. Kills: the three conditions joined by ``or``, another cut."""
+    a = str(tmp_path / "a.jpg")
+    d = f"Files({tmp_path})"
+    tench = ("tench", "Tinca tinca")
+
+    def refused(classes, wnids=None):
+        ds = Files(tmp_path, [(a, 0)], classes)
+        if wnids is not None:
+            ds.wnids = wnids
+        with pytest.raises(ConfigError) as e:
+            file_list(ds)
+        return str(e.value)
+
+    first = f"{d}: class name ('tench', 'Tinca tinca') is not a string; `classes` must be names"
+    assert refused([tench, ("goldfish",)]) == first
+    assert refused([tench, ("goldfish",)], wnids=["n01440764"]) == first
+    assert refused([tench, ("goldfish",)], wnids=["n01440764", 7]) == first
+    assert refused([tench, "goldfish"], wnids=["n01440764", "n01443537"]) == first  # not all tuples
+    long = ("x" * 100,)  # repr: ('xxx...',) 105 characters, the first 80 shown: ( ' and 78 x
+    assert refused(["ok", long]) == f"{d}: class name ('{'x' * 78} is not a string; `classes` must be names"
+    ok = Files(tmp_path, [(a, 1)], [["tench"], ["goldfish", "Carassius auratus"]])  # lists as tuples
+    ok.wnids = ("n01440764", "n01443537")
+    assert file_list(ok).classes == ["n01440764", "n01443537"]
+
+
+def test_an_entry_with_other_long_class_names_is_refused_with_both_lists_cut(tmp_path):
+    """Each list of class names shown as its repr cut at 120 characters: two names of 60 characters make
+    a repr of 128, ``['`` + 60 + ``', '`` + 54 of it shown."""
+    root = tmp_path / "imgs"
+    p, q = "p" * 60, "q" * 60
+    for label, name in enumerate((p, q)):
+        write_image(root / name / "i.bmp", encode_color(label, label), size=(8, 8))
+    c = tmp_path / "c"
+    packed = cached_pack(ImageFolder(str(root)), cache_dir=c, progress=False)
+    files = [str(root / p / "i.bmp"), str(root / q / "i.bmp")]
+    ds = Files(root, [(files[0], 0), (files[1], 1)], ["a" * 60, "b" * 60])
+    entry = cache_entry(ds, cache_dir=c)
+    shutil.copytree(packed, entry)
+    with pytest.raises(FormatError) as e:
+        cached_pack(ds, cache_dir=c, progress=False)
+    theirs = "['" + "p" * 60 + "', '" + "q" * 54
+    ours = "['" + "a" * 60 + "', '" + "b" * 54
+    assert len(theirs) == len(ours) == 120
+    assert str(e.value) == (
+        f"cache entry {entry} does not hold Files({root}): its classes {theirs} are not the dataset's {ours}; "
+        "remove it and run again"
+    )
+
+
+def test_an_image_that_cannot_be_packed_is_refused_with_the_whole_advice(tmp_path):
+    """The pack's complaint about the file between the dataset's name and the advice, written out whole;
+    nothing but the lock is left in the cache directory."""
+    root = bmp_folder(tmp_path / "imgs")
+    bad = root / "class_1" / "img_0.bmp"
+    bad.write_bytes(b"BM not a bitmap")
+    folder = ImageFolder(str(root))
+    c = tmp_path / "c"
+    entry = cache_entry(folder, cache_dir=c)
+    with pytest.raises(PackError) as e:
+        cached_pack(folder, cache_dir=c, progress=False)
+    msg = str(e.value)
+    head = f"cannot pack ImageFolder({root}) into cache entry {entry}: ImageFolder({root}): "
+    tail = (
+        "; FastLoader keeps every sample of a torchvision dataset at its own index, so it packs all of them or "
+        "none: fix or remove that file, or pack the folder with `fastload pack` (which skips such files) and "
+        "pass the packed directory"
+    )
+    assert msg.startswith(head) and msg.endswith(tail), msg
+    assert str(bad) in msg[len(head):-len(tail)]
+    assert sorted(os.listdir(c)) == [entry.name + ".lock"]
+
+
+def test_an_unfinished_pack_of_another_list_is_started_again(tmp_path, monkeypatch, caplog):
+    """``<entry>.pack.partial`` left by a pack of another list under the same name (the source changed:
+    it cannot be resumed) is warned about and replaced by a fresh pack of the dataset, whose entry holds
+    the dataset's own pixels."""
+    import fastload.packing.run as run
+
+    root = bmp_folder(tmp_path / "imgs")
+    other = bmp_folder(tmp_path / "other", per_class=1)
+    folder = ImageFolder(str(root))
+    c = tmp_path / "c"
+    entry = cache_entry(folder, cache_dir=c)
+    staging = c.resolve() / f"{entry.name}.pack"
+    partial = c.resolve() / f"{entry.name}.pack.partial"
+    listed = c.resolve() / f"{entry.name}.pack.csv"
+    rows = ["path,label"] + [f"{p},class_{k}" for p, k in ImageFolder(str(other)).samples]
+    listed.write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(run, "finalize", killed)
+        with pytest.raises(KeyboardInterrupt):
+            run.pack_like_pil_loader(listed, staging, on_error="fail", progress=False)
+    listed.unlink()
+    assert partial.is_dir()
+    with caplog.at_level(logging.WARNING, logger="fastload.cache"):
+        assert cached_pack(folder, cache_dir=c, progress=False) == entry
+    [warned] = [r.getMessage() for r in caplog.records if r.name == "fastload.cache"]
+    assert warned.startswith(
+        f"ImageFolder({root}): cannot resume the unfinished pack in the cache (cannot resume {partial}: the source changed"
+    ), warned
+    assert warned.endswith("); starting it again")
+    assert colours(entry) == [(0, 0), (0, 1), (1, 2), (1, 3)]
+    assert sorted(os.listdir(c)) == sorted([entry.name, entry.name + ".lock"])
+
+
+def test_a_pack_that_does_not_hold_the_dataset_is_removed_and_reported(tmp_path, monkeypatch):
+    """A stand-in packer that packs another folder (three classes) into the staging directory, as the real
+    one never does: the verification's finding in the message, the staging directory removed, no entry."""
+    from fastload.packing.run import pack_like_pil_loader as real
+
+    root = bmp_folder(tmp_path / "imgs")
+    other = tmp_path / "other"
+    for k in range(3):
+        write_image(other / f"class_{k}" / "i.bmp", encode_color(k, k), size=(8, 8))
+    folder = ImageFolder(str(root))
+    c = tmp_path / "c"
+    entry = cache_entry(folder, cache_dir=c)
+    seen = []
+
+    def wrong(src, out, **kw):
+        seen.append(Path(out))
+        return real(str(other), out, on_error="fail", progress=False)
+
+    monkeypatch.setattr(cache_mod, "pack_like_pil_loader", wrong)
+    with pytest.raises(PackError) as e:
+        cached_pack(folder, cache_dir=c, progress=False)
+    assert str(e.value) == (
+        f"cannot pack ImageFolder({root}) into cache entry {entry}: the pack of ImageFolder({root}) does not match "
+        "the dataset: its classes ['class_0', 'class_1', 'class_2'] are not the dataset's ['class_0', 'class_1']; "
+        "this is a fastload bug, please report it"
+    )
+    assert seen == [entry.with_name(entry.name + ".pack")]
+    assert sorted(os.listdir(c)) == [entry.name + ".lock"]
+
+
+def test_a_length_of_its_own_on_a_dataset_of_no_torch_class_is_checked_too(tmp_path):
+    """A duck-typed dataset (no torchvision or torch base) whose ``__len__`` is not the number of its
+    ``samples``: refused, the length shown. One whose ``__len__`` agrees is served. Kills: the length
+    checked only on trusted classes."""
+    a, b = str(tmp_path / "a.jpg"), str(tmp_path / "b.jpg")
+
+    class Listed(Files):
+        def __len__(self):
+            return self.n
+
+    for cls, n, shown in ((Listed, 1, "1"), (Listed, 3, "3")):
+        ds = cls(tmp_path, [(a, 0), (b, 0)], ["k"])
+        ds.n = n
+        with pytest.raises(ConfigError) as e:
+            cache_entry(ds, cache_dir=tmp_path / "c")
+        assert str(e.value) == (
+            f"{cls.__name__}({tmp_path}): {cls.__qualname__}.__len__ gives {shown}, not the 2 `samples` the cache "
+            f"packs, so FastLoader's indices would not be the dataset's; {PACK_IT}"
+        )
+    ok = Listed(tmp_path, [(a, 0), (b, 0)], ["k"])
+    ok.n = 2
+    assert cache_entry(ok, cache_dir=tmp_path / "c").name.startswith(f"{tmp_path.name}-")
+
+
+def test_a_loader_is_named_by_its_qualified_name_or_else_its_type(tmp_path):
+    """A function by its ``__qualname__``; an object that has none (a callable instance) by its class's
+    name. Kills: the type of something else named."""
+    root = bmp_folder(tmp_path / "imgs")
+
+    def mine(path):
+        return tv_folder.pil_loader(path)
+
+    class Reader:
+        def __call__(self, path):
+            return tv_folder.pil_loader(path)
+
+    for loader, name in ((mine, mine.__qualname__), (Reader(), "Reader")):
+        with pytest.raises(ConfigError) as e:
+            cache_entry(ImageFolder(str(root), loader=loader), cache_dir=tmp_path / "c")
+        assert str(e.value) == (
+            f"ImageFolder({root}): loads its files with a custom loader ({name}), whose images FastLoader cannot "
+            "reproduce: FastLoader decodes the files as RGB images like torchvision's default_loader; use the "
+            f"default loader, or {PACK_IT}"
+        )
+
+
+def test_without_torchvision_a_duck_typed_dataset_is_served_and_a_loader_refused(tmp_path, monkeypatch):
+    """torchvision made unimportable (``sys.modules[name] = None``, Python's own way to make an import
+    fail): a dataset of no torchvision class and no loader still gets its entry, its ``__getitem__``
+    checked against torch's ``Dataset`` alone; one with a loader is refused, naming it. Kills: a stand-in
+    for the missing module that is not None, the loader's name lost."""
+    import sys
+
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "torchvision", None)
+    a = str(tmp_path / "a.jpg")
+    ds = Files(tmp_path, [(a, 0)], ["k"])
+    assert cache_entry(ds, cache_dir=tmp_path / "c").name.startswith(f"{tmp_path.name}-")
+
+    def mine(path):
+        return path
+
+    ds.loader = mine
+    with pytest.raises(ConfigError) as e:
+        cache_entry(ds, cache_dir=tmp_path / "c")
+    assert str(e.value) == (
+        f"Files({tmp_path}): loads its files with {mine.__qualname__}, and torchvision (whose default_loader the "
+        f"cache reproduces) is not importable; {PACK_IT}"
+    )
+
+
+def test_a_length_that_raises_is_shown_as_none(tmp_path):
+    class Broken(Files):
+        def __len__(self):
+            raise RuntimeError("no length")
+
+    ds = Broken(tmp_path, [(str(tmp_path / "a.jpg"), 0)], ["k"])
+    with pytest.raises(ConfigError) as e:
+        cache_entry(ds, cache_dir=tmp_path / "c")
+    assert str(e.value) == (
+        f"Broken({tmp_path}): {Broken.__qualname__}.__len__ gives None, not the 1 `samples` the cache packs, so "
+        f"FastLoader's indices would not be the dataset's; {PACK_IT}"
+    )
+
+
+def test_samples_without_a_length_are_not_file_based(tmp_path):
+    """``samples`` that can be iterated but has no length (a generator) is refused as a dataset that is not
+    file-based, before anything is read. Kills: the three conditions joined otherwise."""
+    a = str(tmp_path / "a.jpg")
+    ds = Files(tmp_path, (s for s in [(a, 0)]), ["k"])
+    with pytest.raises(ConfigError) as e:
+        cache_entry(ds, cache_dir=tmp_path / "c")
+    assert str(e.value) == (
+        f"Files({tmp_path}) is not file-based (it has no `samples` list of (path, class_index) like ImageFolder): "
+        "FastLoader packs ImageFolder/DatasetFolder datasets itself; for another dataset, pack it once with "
+        "fastload.pack_dataset(dataset, OUT) and pass OUT to FastLoader"
+    )
+
+
+def test_exactly_max_classes_classes_are_accepted(tmp_path):
+    """``MAX_CLASSES`` names, the last one used: accepted (one more is refused: see above)."""
+    names = [f"c{k}" for k in range(MAX_CLASSES)]
+    a = str(tmp_path / "a.jpg")
+    got = file_list(Files(tmp_path, [(a, MAX_CLASSES - 1)], names))
+    assert got.labels == [MAX_CLASSES - 1] and len(got.classes) == MAX_CLASSES and got.classes[-1] == f"c{MAX_CLASSES - 1}"
+
+
+def test_a_path_that_is_no_path_is_shown_cut_at_120(tmp_path):
+    """An int of 131 digits as a path: its repr cut to 120 characters, ``1`` and 119 zeros."""
+    with pytest.raises(ConfigError) as e:
+        file_list(Files(tmp_path, [(10**130, 0)], ["k"]))
+    assert str(e.value) == f"Files({tmp_path}).samples[0]: path 1{'0' * 119} is not a file path"
+
+
+def test_a_private_staging_is_named_for_the_host_made_safe(tmp_path, monkeypatch):
+    """Where the file system cannot lock: the staging directory ``<entry>.pack-<host>-<pid>``, the host
+    name (a stand-in: this machine's is already safe) with runs of characters outside ``[A-Za-z0-9._-]``
+    as one ``_``, cut at 40. Kills: the pattern or the cut changed."""
+
+    def flock(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(cache_mod, "fcntl", types.SimpleNamespace(flock=flock, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB))
+    monkeypatch.setattr(socket, "gethostname", lambda: "node 7//gpu\u00e9" + "x" * 40)
+    folder = ImageFolder(str(bmp_folder(tmp_path / "imgs")))
+    c = tmp_path / "c"
+    entry = cache_entry(folder, cache_dir=c)
+    calls = _spy_pack(monkeypatch, c)
+    assert cached_pack(folder, cache_dir=c, progress=False) == entry
+    [(_, staging, _)] = calls
+    host = "node_7_gpu_" + "x" * 29  # 11 + 29 = 40
+    assert staging.name == f"{entry.name}.pack-{host}-{os.getpid()}"
+
+
+def test_the_progress_wish_reaches_the_packer(tmp_path, monkeypatch):
+    """``progress`` (default True) handed to the packer as given, for a list file and for files packed as
+    bytes (class names ``1``, ``10`` that a list file cannot carry)."""
+    from fastload.packing.run import pack_like_pil_loader as real
+
+    got = []
+
+    def spy(src, out, **kw):
+        got.append((isinstance(src, (str, os.PathLike)), kw["progress"]))
+        return real(src, out, **kw)
+
+    monkeypatch.setattr(cache_mod, "pack_like_pil_loader", spy)
+    root = bmp_folder(tmp_path / "imgs")
+    files = sorted(str(p) for p in root.rglob("*.bmp"))
+    c = tmp_path / "c"
+    cached_pack(ImageFolder(str(root)), cache_dir=c)
+    cached_pack(Files(root, [(files[0], 0)], ["1", "10"]), cache_dir=c)
+    cached_pack(Files(root, [(files[1], 0)], ["1", "10"]), cache_dir=c, progress=False)
+    cached_pack(Files(root, [(files[2], 0), (files[3], 1)], ["a", "b"]), cache_dir=c, progress=0)
+    assert got == [(True, True), (False, True), (False, False), (True, False)]
