@@ -613,3 +613,72 @@ def test_a_dataset_source_is_described_by_its_type_and_its_fingerprint_changes_w
     assert a.description == f"{Items.__module__}.Items"
     assert b.description == f"{Items.__module__}.{Other.__qualname__}" and Other.__qualname__.endswith(".<locals>.Other")
     assert a.fingerprint() != b.fingerprint()
+
+
+def test_a_csv_is_split_at_commas_even_where_its_first_row_holds_a_tab(tmp_path):
+    """A ``.csv`` is comma-separated whatever its first row holds, a tab included (the tab is then part of
+    the path). Kills: the ``.csv`` suffix not recognised in the tab test."""
+    lst = tmp_path / "l.csv"
+    lst.write_text("a\tb.jpg,cat\nc.jpg,dog\n")
+    assert rows_of(read_list(lst)) == [("a\tb.jpg", "cat"), ("c.jpg", "dog")]
+
+
+def test_dataset_refusals_name_what_is_wrong():
+    """No ``[i]``, an item that is not a pair (its type named), a label past the classes (the range
+    ``0..len - 1``). Kills: those messages dropped or changed."""
+    from fastload.packing.sources import DatasetSource, map_style_len
+
+    class LenOnly:
+        def __len__(self) -> int:
+            return 3
+
+    with pytest.raises(ConfigError) as e:
+        map_style_len(LenOnly())
+    assert str(e.value) == "dataset: LenOnly has no [i]; pass a map-style dataset"
+    with pytest.raises(ConfigError) as e:
+        DatasetSource(Items([5])).task(0)
+    assert str(e.value) == "dataset[0]: expected an (image, label) pair, got int"
+    with pytest.raises(ConfigError) as e:
+        DatasetSource(Items([(b"\xff\xd8", 0), (b"\xff\xd8", 2)]), classes=["a", "b"]).task(1)
+    assert str(e.value) == "dataset[1]: label 2 is outside the 2 classes (0..1)"
+
+
+def test_each_source_says_its_kind(tmp_path):
+    """Source.kind: "folder", "list" or "dataset". Kills: a dataset source's kind changed."""
+    from fastload.packing.sources import DatasetSource, open_source
+
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    (tmp_path / "src" / "a" / "1.jpg").write_bytes(b"")
+    (tmp_path / "l.csv").write_text("a.jpg,cat\n")
+    assert open_source(tmp_path / "src").kind == "folder"
+    assert open_source(tmp_path / "l.csv").kind == "list"
+    assert DatasetSource(Items([(b"\xff\xd8", 0)])).kind == "dataset"
+
+
+def test_dangling_symlinks_with_image_names_are_items_and_the_listing_goes_on_past_them(tmp_path):
+    """Two symlinks to nothing named like images (their stat fails; opening them will say why) among
+    plain files: every name is an item, in sorted order, none refused here. Kills: the listing stopped at
+    the first entry whose stat fails (the second link is after it whatever the directory's order)."""
+    from fastload.packing.sources import scan_folder
+
+    cls = tmp_path / "src" / "c"
+    cls.mkdir(parents=True)
+    names = [f"{i:02d}.jpg" for i in range(8)]
+    for n in names[:6]:
+        (cls / n).write_bytes(b"")
+    for n in names[6:]:
+        os.symlink(tmp_path / "nowhere" / n, cls / n)
+    src = scan_folder(tmp_path / "src")
+    assert [(it.name, it.error) for it in src.items] == [(f"c/{n}", None) for n in names]
+
+
+def test_a_list_sources_fingerprint_changes_with_a_skipped_rows_reason(tmp_path):
+    """Two list files alike but for what their skipped line 2 holds: the skipped item (same name and label)
+    differs only in its reason, and so do the fingerprints. Kills: the reasons hashed only for items
+    without one."""
+    lst = tmp_path / "l.csv"
+    lst.write_text("a.jpg,cat\nlonely\nb.jpg,dog\n")
+    one = read_list(lst, on_error="skip").fingerprint()
+    lst.write_text("a.jpg,cat\nalone\nb.jpg,dog\n")
+    other = read_list(lst, on_error="skip").fingerprint()
+    assert one != other and read_list(lst, on_error="skip").fingerprint() == other
