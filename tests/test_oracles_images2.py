@@ -577,3 +577,141 @@ def test_upright_tag_reads_the_exif_only_within_its_segments_length():
     whole = jpg[:2] + b"\xff\xe1" + struct.pack(">H", 2 + len(body)) + body + jpg[2:]
     at = 2 + 4 + 6 + 10 + 8
     assert upright_tag(whole) == whole[:at] + b"\x01\x00" + whole[at + 2 :]
+
+
+# ----------------------------------------------------------------------------- held-out sample [5]
+
+
+def _pil_open_error(raw: bytes) -> BaseException:
+    """What ``Image.open`` itself raises for ``raw`` (inside the packer's PIL settings)."""
+    from fastload.imaging import pil_settings
+
+    with pil_settings():
+        try:
+            Image.open(io.BytesIO(raw))
+        except Exception as e:  # noqa: BLE001 - the oracle is whatever PIL raises
+            return e
+    raise AssertionError("PIL opened it")
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "WEBP"])
+def test_a_header_pil_fails_on_is_refused_as_corrupt_with_pils_words(fmt):
+    """The first 16 bytes of a PNG or a WebP: ``Image.open`` raises an error of its own (not "cannot
+    identify"), a PNG's saying "Truncated", a WebP's not: neither is a JPEG, so both are a corrupt image
+    header with PIL's words. Written for: the truncated-JPEG reason given to any file whose error says
+    "truncated" (``or`` for ``and``), the reason dropped."""
+    from PIL import UnidentifiedImageError
+
+    from fastload.imaging import pil_settings
+
+    b = io.BytesIO()
+    Image.fromarray(coords(8, 8)).save(b, fmt)
+    raw = b.getvalue()[:16]
+    err = _pil_open_error(raw)
+    assert not isinstance(err, UnidentifiedImageError) and ("truncated" in str(err).lower()) == (fmt == "PNG")
+    with pil_settings():
+        got = process_task(("bytes", raw, 0, "n", "w"), ImageOptions())
+    assert got == ("skip", "w", f"corrupt image header ({err})")
+
+
+def test_an_mpo_is_a_jpeg_stored_byte_for_byte():
+    """A two-frame MPO (PIL's format "MPO", a JPEG whose first frame the readers decode) is taken as the
+    JPEG it is: stored byte for byte, flags 0, its first frame's size. Written for: "MPO" not matched."""
+    b = io.BytesIO()
+    a = coords(24, 32)
+    Image.fromarray(a).save(b, "MPO", save_all=True, append_images=[Image.fromarray(a[::-1].copy())], quality=90)
+    raw = b.getvalue()
+    assert Image.open(io.BytesIO(raw)).format == "MPO"
+    out = process_task(("bytes", raw, 3, "m", "w"), ImageOptions())
+    assert isinstance(out, bytes), out
+    header = decode_header(out)
+    assert (header.encoding, header.flags, header.width, header.height, header.label) == (ENC_JPEG, 0, 32, 24, 3)
+    assert record_payload(out, header) == raw
+
+
+def _without_segment(raw: bytes, marker: int) -> bytes:
+    """``raw`` (a JPEG) without its segments of ``marker`` (walked by their lengths, ITU T.81 B.1.1.4)."""
+    out, i = bytearray(raw[:2]), 2
+    while raw[i + 1] != 0xDA:
+        n = 2 + ((raw[i + 2] << 8) | raw[i + 3])
+        if raw[i + 1] != marker:
+            out += raw[i : i + n]
+        i += n
+    return bytes(out + raw[i:])
+
+
+def test_a_jpeg_whose_decoding_fails_is_refused_as_corrupt_with_the_decoders_words():
+    """A greyscale baseline JPEG (not stored as it is: it is converted) without its quantization table
+    (DQT): PIL opens it, libjpeg fails to decode it. Written for: the decoder's error replaced in the
+    reason."""
+    b = io.BytesIO()
+    Image.fromarray(coords(16, 16)[:, :, 0]).save(b, "JPEG", quality=90)
+    raw = _without_segment(b.getvalue(), 0xDB)
+    assert raw[-2:] == b"\xff\xd9" and b"\xff\xdb" not in raw[: raw.index(b"\xff\xda")]
+    with Image.open(io.BytesIO(raw)) as im:
+        with pytest.raises(OSError) as e:
+            im.load()
+    assert process_task(("bytes", raw, 0, "n", "w"), ImageOptions()) == ("skip", "w", f"corrupt JPEG ({e.value})")
+
+
+def _grows_after_fstat(monkeypatch, more: bytes) -> None:
+    """The file being read grows by ``more`` right after its ``fstat`` (made to happen then, by a write
+    from inside the open: anywhere else it is a race)."""
+    import fastload.packing.images as images
+
+    real = images._open_image_file
+
+    def opened(path, opts):
+        fd, size = real(path, opts)
+        with open(path, "ab") as f:
+            f.write(more)
+        return fd, size
+
+    monkeypatch.setattr(images, "_open_image_file", opened)
+
+
+def test_a_file_that_grew_after_its_fstat_is_read_whole(tmp_path, monkeypatch):
+    """A JPEG file holding the first half of its bytes when ``fstat`` sees it, the rest appended then: the
+    read asks for the half, then reads on to the end, and the record holds the whole JPEG, every byte in
+    its place. Written for: the parts joined with something between them."""
+    raw = _jpeg(coords(16, 24))
+    p = tmp_path / "a.jpg"
+    p.write_bytes(raw[: len(raw) // 2])
+    _grows_after_fstat(monkeypatch, raw[len(raw) // 2 :])
+    out = process_task(("file", str(p), 0, "n", "w"), ImageOptions())
+    assert isinstance(out, bytes), out
+    assert record_payload(out, decode_header(out)) == raw
+
+
+def test_a_file_that_grew_past_the_limit_is_refused_with_the_bytes_read(tmp_path, monkeypatch):
+    """``--max-pixels 1``: at most 8 + 16 MiB = 16777224 bytes are read. A file of 100 bytes when ``fstat``
+    sees it that then grows to 16777224 + 1000 is read up to one byte past the limit, 16777225, and
+    refused with that count. Written for: the count left out of the reason."""
+    p = tmp_path / "a.jpg"
+    p.write_bytes(b"\xff" * 100)
+    _grows_after_fstat(monkeypatch, b"\0" * (16777224 + 1000 - 100))
+    assert process_task(("file", str(p), 0, "n", "w"), ImageOptions(max_pixels=1)) == ("skip", "w", (
+        "file too large: 16777225 bytes, more than the 16777224 bytes an image within --max-pixels 1 can need "
+        "(8 bytes per pixel + 16 MiB)"))  # fmt: skip
+
+
+def test_what_opens_but_is_not_a_regular_file_is_refused_saying_what_it_is(tmp_path):
+    """A FIFO (opened without blocking), a directory and /dev/null all open; ``fstat`` then says what they
+    are. Written for: the kind looked up from something other than the mode."""
+    import os
+
+    fifo = tmp_path / "f.jpg"
+    os.mkfifo(fifo)
+    (tmp_path / "d.jpg").mkdir()
+    for path, kind in ((fifo, "FIFO"), (tmp_path / "d.jpg", "directory"), ("/dev/null", "character device")):
+        assert process_task(("file", str(path), 0, "n", "w"), ImageOptions()) == ("skip", "w", f"not a regular file ({kind})")
+
+
+def test_sof_offsets_finds_a_frame_header_that_ends_the_bytes():
+    """An SOFn marker and its length as the last four bytes still start a segment there (its offset),
+    after SOI, or after an APP0 of length 2. Written for: the walk stopping one byte early."""
+    from fastload.packing.images import _sof_offsets
+
+    assert _sof_offsets(b"\xff\xd8\xff\xc0\x00\x11") == [2]
+    assert _sof_offsets(b"\xff\xd8\xff\xe0\x00\x02\xff\xc2\x00\x11") == [6]
+    assert _sof_offsets(b"\xff\xd8\xff\xe0\x00\x02\xff") == []

@@ -301,10 +301,12 @@ def test_file_kinds_in_words():
 @pytest.mark.parametrize(
     "name, want",
     [("\udc80", "\\x80"), ("\udcff", "\\xff"), ("\udc7f", "\\udc7f"), ("\udd00", "\\udd00"), ("a\udcc3b", "a\\xc3b"),
-     ("caf\u00e9", "caf\u00e9")],  # fmt: skip
+     ("caf\u00e9", "caf\u00e9"), ("\udc80\ue000", "\\x80\ue000"), ("\ud7ff\udc80", "\ud7ff\\x80"), ("\ud800", "\\ud800"),
+     ("\udfff", "\\udfff")],  # fmt: skip
 )
 def test_stored_names_escape_undecodable_bytes_and_other_surrogates(name, want):
-    """Kills: the surrogateescape range's bounds moved (0xdc80 and 0xdcff are bytes 0x80 and 0xff)."""
+    """Kills: the surrogateescape range's bounds moved (0xdc80 and 0xdcff are bytes 0x80 and 0xff); the surrogate
+    range's upper bound past 0xdfff (U+E000, a private-use character beside an undecodable byte, is valid text)."""
     from fastload.packing.sources import stored_name
 
     assert stored_name(name) == want
@@ -480,3 +482,203 @@ def test_sources_that_cannot_be_read_say_why(tmp_path):
         scan_folder(src)
     assert str(e.value) == (f"SRC {src}: no class folders found; an ImageFolder tree has one sub-folder per class "
                             "(SRC/cat/1.jpg, SRC/dog/2.jpg), or pass a list file (.csv/.tsv/.txt)")  # fmt: skip
+
+
+def test_empty_class_folders_are_named_in_one_warning_the_first_ten(tmp_path, caplog):
+    """Eleven empty class folders and one with an image: one warning, the count, then the first ten names
+    in label order, joined by ", ". Kills: the names' separator changed."""
+    import logging
+
+    from fastload.packing.sources import scan_folder
+
+    src = tmp_path / "src"
+    empty = [f"e{i:02d}" for i in range(11)]
+    for c in empty:
+        (src / c).mkdir(parents=True)
+    (src / "z").mkdir()
+    (src / "z" / "a.jpg").write_bytes(b"")
+    with caplog.at_level(logging.WARNING, logger="fastload.packing.sources"):
+        got = scan_folder(src)
+    assert got.classes == empty + ["z"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "11 empty class folder(s) kept as classes with 0 samples: e00, e01, e02, e03, e04, e05, e06, e07, e08, e09"
+    ]
+
+
+def test_a_file_items_where_is_shown_as_given_and_its_path_made_printable_otherwise(tmp_path):
+    """FileItem.where: "shown to users; default: printable(path)". Kills: the given ``where`` ignored."""
+    from fastload.packing.sources import FileItem, FileSource
+
+    items = [FileItem("/d/a\x1b.jpg", "a\x1b.jpg", 1), FileItem("/d/b.jpg", "b.jpg", 0, where="list.csv:7"),
+             FileItem("/d/c.jpg", "c.jpg", 2, error="bad row", where="list.csv:9")]  # fmt: skip
+    src = FileSource("list", "list.csv", ["x", "y", "z"], items)
+    assert list(src.tasks()) == [
+        ("file", "/d/a\x1b.jpg", 1, "a\x1b.jpg", "/d/a\\x1b.jpg"),
+        ("file", "/d/b.jpg", 0, "b.jpg", "list.csv:7"),
+        ("error", "bad row", 2, "c.jpg", "list.csv:9"),
+    ]
+    assert list(src.tasks(2)) == [("error", "bad row", 2, "c.jpg", "list.csv:9")]
+
+
+def test_a_symlink_loop_is_named_in_its_warning(tmp_path, caplog):
+    """The loop's link and the folder it leads back to, both by their full paths. Kills: the warning's text
+    changed."""
+    import logging
+
+    from fastload.packing.sources import scan_folder
+
+    root = tmp_path.resolve() / "t"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "1.jpg").write_bytes(b"")
+    os.symlink(root / "a", root / "a" / "loop")
+    with caplog.at_level(logging.WARNING, logger="fastload.packing.sources"):
+        src = scan_folder(root)
+    assert [it.name for it in src.items] == ["a/1.jpg"]
+    assert [r.getMessage() for r in caplog.records] == [f"{root}/a/loop: symlink loop back to {root}/a; not followed"]
+
+
+def test_more_class_folders_than_max_classes_are_refused_naming_the_count(tmp_path, monkeypatch):
+    """MAX_CLASSES class folders are accepted, one more refused (the bound made small here). Kills: the
+    message dropped."""
+    import fastload.packing.sources as sources
+
+    monkeypatch.setattr(sources, "MAX_CLASSES", 3)
+    src = tmp_path / "src"
+    for c in "abc":
+        (src / c).mkdir(parents=True)
+        (src / c / "1.jpg").write_bytes(b"")
+    assert sources.scan_folder(src).classes == ["a", "b", "c"]
+    (src / "d").mkdir()
+    with pytest.raises(ConfigError) as e:
+        sources.scan_folder(src)
+    assert str(e.value) == f"SRC {src}: 4 class folders; at most 3 classes (MAX_CLASSES) are supported"
+
+
+def test_a_fifo_given_as_src_is_refused_saying_what_it_is(tmp_path):
+    """Kills: the file's kind looked up from something other than its mode (a TypeError then)."""
+    from fastload.packing.sources import open_source
+
+    fifo = tmp_path / "l.csv"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError) as e:
+        open_source(fifo)
+    assert str(e.value) == (f"SRC {fifo}: not a regular file (FIFO); pass an ImageFolder directory or a .csv/.tsv/.txt "
+                            "list of 'path,label'")  # fmt: skip
+
+
+def test_a_list_file_path_with_a_nul_is_refused_saying_so(tmp_path):
+    """os.open raises ValueError (no ``strerror``) for it. Kills: ``strerror`` looked up without a default."""
+    with pytest.raises(ConfigError) as e:
+        read_list(f"{tmp_path}/x\0y.csv")
+    assert str(e.value) == f"SRC {tmp_path}/x\\x00y.csv: cannot read list file: embedded null byte"
+
+
+def test_a_quoted_cell_over_lines_that_leaves_the_path_or_the_label_empty_is_named(tmp_path):
+    """A row that spans lines and has an empty path or label is a quote left open, whichever cell is empty.
+    Kills: the two empty-cell tests joined by ``and``."""
+    lst = tmp_path / "l.csv"
+    lst.write_text('a.jpg,cat\n"b.jpg,\nc.jpg",\n,"d\ne"\nf.jpg,dog\n')
+    assert rows_of(read_list(lst, on_error="skip")) == [
+        ("a.jpg", "cat"),
+        (f"{lst}:2", "a quoted cell runs from line 2 to line 3 (a quote left open?)"),
+        (f"{lst}:4", "a quoted cell runs from line 4 to line 5 (a quote left open?)"),
+        ("f.jpg", "dog"),
+    ]
+
+
+def test_a_row_of_another_column_count_says_how_many_columns_unless_it_has_fewer_than_two(tmp_path):
+    """Most rows have 3 columns: a row of 2 or 4 is bad and its column count is said; a row of 1 is bad
+    without it. Kills: ``> 2`` for ``>= 2``."""
+    lst = tmp_path / "l.csv"
+    lst.write_text("a.jpg,cat,1\nb.jpg,dog\nc.jpg,cat,2\nlonely\nd.jpg,dog,3,4\ne.jpg,dog,5\n")
+    assert rows_of(read_list(lst, on_error="skip")) == [
+        ("a.jpg", "cat"),
+        (f"{lst}:2", "expected 'path,label', got ['b.jpg', 'dog'] (2 columns where the other rows have 3)"),
+        ("c.jpg", "cat"),
+        (f"{lst}:4", "expected 'path,label', got ['lonely']"),
+        (f"{lst}:5", "expected 'path,label', got ['d.jpg', 'dog', '3', '4'] (4 columns where the other rows have 3)"),
+        ("e.jpg", "dog"),
+    ]
+
+
+def test_a_dataset_source_is_described_by_its_type_and_its_fingerprint_changes_with_it():
+    """Kills: the dataset's type name taken from another object."""
+    from fastload.packing.sources import DatasetSource
+
+    class Other(Items):
+        pass
+
+    img = b"\xff\xd8"
+    a, b = DatasetSource(Items([(img, 0)])), DatasetSource(Other([(img, 0)]))
+    assert a.description == f"{Items.__module__}.Items"
+    assert b.description == f"{Items.__module__}.{Other.__qualname__}" and Other.__qualname__.endswith(".<locals>.Other")
+    assert a.fingerprint() != b.fingerprint()
+
+
+def test_a_csv_is_split_at_commas_even_where_its_first_row_holds_a_tab(tmp_path):
+    """A ``.csv`` is comma-separated whatever its first row holds, a tab included (the tab is then part of
+    the path). Kills: the ``.csv`` suffix not recognised in the tab test."""
+    lst = tmp_path / "l.csv"
+    lst.write_text("a\tb.jpg,cat\nc.jpg,dog\n")
+    assert rows_of(read_list(lst)) == [("a\tb.jpg", "cat"), ("c.jpg", "dog")]
+
+
+def test_dataset_refusals_name_what_is_wrong():
+    """No ``[i]``, an item that is not a pair (its type named), a label past the classes (the range
+    ``0..len - 1``). Kills: those messages dropped or changed."""
+    from fastload.packing.sources import DatasetSource, map_style_len
+
+    class LenOnly:
+        def __len__(self) -> int:
+            return 3
+
+    with pytest.raises(ConfigError) as e:
+        map_style_len(LenOnly())
+    assert str(e.value) == "dataset: LenOnly has no [i]; pass a map-style dataset"
+    with pytest.raises(ConfigError) as e:
+        DatasetSource(Items([5])).task(0)
+    assert str(e.value) == "dataset[0]: expected an (image, label) pair, got int"
+    with pytest.raises(ConfigError) as e:
+        DatasetSource(Items([(b"\xff\xd8", 0), (b"\xff\xd8", 2)]), classes=["a", "b"]).task(1)
+    assert str(e.value) == "dataset[1]: label 2 is outside the 2 classes (0..1)"
+
+
+def test_each_source_says_its_kind(tmp_path):
+    """Source.kind: "folder", "list" or "dataset". Kills: a dataset source's kind changed."""
+    from fastload.packing.sources import DatasetSource, open_source
+
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    (tmp_path / "src" / "a" / "1.jpg").write_bytes(b"")
+    (tmp_path / "l.csv").write_text("a.jpg,cat\n")
+    assert open_source(tmp_path / "src").kind == "folder"
+    assert open_source(tmp_path / "l.csv").kind == "list"
+    assert DatasetSource(Items([(b"\xff\xd8", 0)])).kind == "dataset"
+
+
+def test_dangling_symlinks_with_image_names_are_items_and_the_listing_goes_on_past_them(tmp_path):
+    """Two symlinks to nothing named like images (their stat fails; opening them will say why) among
+    plain files: every name is an item, in sorted order, none refused here. Kills: the listing stopped at
+    the first entry whose stat fails (the second link is after it whatever the directory's order)."""
+    from fastload.packing.sources import scan_folder
+
+    cls = tmp_path / "src" / "c"
+    cls.mkdir(parents=True)
+    names = [f"{i:02d}.jpg" for i in range(8)]
+    for n in names[:6]:
+        (cls / n).write_bytes(b"")
+    for n in names[6:]:
+        os.symlink(tmp_path / "nowhere" / n, cls / n)
+    src = scan_folder(tmp_path / "src")
+    assert [(it.name, it.error) for it in src.items] == [(f"c/{n}", None) for n in names]
+
+
+def test_a_list_sources_fingerprint_changes_with_a_skipped_rows_reason(tmp_path):
+    """Two list files alike but for what their skipped line 2 holds: the skipped item (same name and label)
+    differs only in its reason, and so do the fingerprints. Kills: the reasons hashed only for items
+    without one."""
+    lst = tmp_path / "l.csv"
+    lst.write_text("a.jpg,cat\nlonely\nb.jpg,dog\n")
+    one = read_list(lst, on_error="skip").fingerprint()
+    lst.write_text("a.jpg,cat\nalone\nb.jpg,dog\n")
+    other = read_list(lst, on_error="skip").fingerprint()
+    assert one != other and read_list(lst, on_error="skip").fingerprint() == other
