@@ -555,3 +555,231 @@ def test_resize_without_a_size_is_refused_saying_why():
     t.size = None
     with pytest.raises(ConfigError, match=r"step 1 of 3 of the transform\): size=None \(only max_size\): FastLoader resizes"):
         translate(T.Compose([t, T.CenterCrop(24), T.ToTensor()]))
+
+
+# ----------------------------------------------------------------------------- refusals written out whole
+
+
+def _refusal(transform) -> str:
+    with pytest.raises(ConfigError) as e:
+        translate(transform)
+    return str(e.value)
+
+
+def test_refusals_of_conversions_and_normalize_are_written_out_whole():
+    """The text after the step's name, as the user reads it, for the conversion, Normalize and Grayscale refusals."""
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24), T.ToTensor(), T.ConvertImageDtype(torch.uint8)]))
+    assert msg.endswith(
+        "(step 3 of 3 of the transform): converting a float image back to uint8 has no FastLoader equivalent; for "
+        "uint8 batches use PILToTensor() (or v2.ToImage()) without a float conversion"
+    )
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24), T.Normalize(MEAN, STD), T.ToTensor()]))
+    assert msg.endswith(
+        "(step 2 of 3 of the transform): Normalize needs a float tensor, but the image is a PIL image here "
+        "(torchvision raises): put ToTensor() (or PILToTensor() + ConvertImageDtype(torch.float)) before it"
+    )
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24), T.ToTensor(), T.PILToTensor()]))
+    assert msg.endswith(
+        "(step 3 of 3 of the transform): the image is already a tensor (transforms.ToTensor() (step 2 of 3 of the "
+        "transform)); it converts PIL images: keep one tensor conversion"
+    )
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24), T.Grayscale(1), T.PILToTensor()]))
+    assert msg.endswith(
+        "(step 2 of 3 of the transform): Grayscale with one output channel: FastLoader batches are RGB; use "
+        "num_output_channels=3"
+    )
+    msg = _refusal(T.Compose([T.RandomResizedCrop((24, 32)), T.PILToTensor()]))
+    assert msg.endswith("(step 1 of 2 of the transform): crop size (24, 32) is not square; FastLoader produces square "
+                        "crop sizes: use one size, e.g. 24")
+
+
+def test_a_transform_that_ends_on_a_pil_image_is_refused_saying_what_to_add():
+    """No tensor conversion: a DataLoader cannot batch PIL images; the message names the transform and both conversions."""
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24)]))
+    assert msg.startswith("transform transforms.Compose(")
+    assert msg.endswith(
+        "): it returns PIL images, which a DataLoader cannot batch; add ToTensor() (float 0..1) or PILToTensor() "
+        "(uint8 0..255) after the crop"
+    )
+
+
+def test_greyscales_after_an_auto_augment_cannot_become_a_chain_and_are_refused_naming_both():
+    """TrivialAugmentWide or RandAugment, then two greyscales: the second would make a chain in the user's order,
+    which cannot hold the auto-augment; the message names the RandomGrayscale and the auto-augment's step."""
+    for first, name in ((T.TrivialAugmentWide(), "TrivialAugmentWide"), (T.RandAugment(), "RandAugment")):
+        msg = _refusal(T.Compose([T.RandomResizedCrop(24), first, T.RandomGrayscale(0.5), T.RandomGrayscale(0.5), T.PILToTensor()]))
+        assert msg.startswith("transforms.RandomGrayscale(p=0.5) (step 4 of 5 of the transform): RandomGrayscale after a colour "
+                              f"step, with transforms.{name}(")
+        assert "(step 2 of 5 of the transform): FastLoader runs an auto-augment first" in msg
+
+
+def test_a_std_that_underflows_to_zero_is_refused_naming_the_normalize():
+    """Two Normalize of std 1e-200: their product, 1e-400, is 0.0 in float64 (a division by zero): refused at the
+    second Normalize, not passed on as std=0."""
+    tiny = (1e-200, 1e-200, 1e-200)
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24), T.ToTensor(), T.Normalize((0, 0, 0), tiny), T.Normalize((0, 0, 0), tiny)]))
+    assert msg.startswith("transforms.Normalize(")
+    assert "(step 4 of 4 of the transform): std " in msg and msg.endswith("FastLoader's std must be positive")
+
+
+def test_random_noise_erasing_keeps_its_scale_and_ratio():
+    """RandomErasing(value='random') with its own scale and ratio: both kept, with pixel noise."""
+    for api in (T, v2):
+        t = api.RandomErasing(p=0.4, scale=(0.05, 0.25), ratio=(0.4, 2.5), value="random")
+        aug = _train(tail=(T.ToTensor(), T.Normalize(MEAN, STD), t))
+        assert aug.erasing == Erasing(p=0.4, scale=(0.05, 0.25), ratio=(0.4, 2.5), noise="pixel")
+
+
+def test_v2_to_image_of_a_tensor_keeps_it_and_makes_it_an_image():
+    """v2.ToImage after PILToTensor(): the same uint8 values, now a tv_tensors.Image, so ToDtype's dict entry for
+    Image applies (float 0..1 with scale=True: mean 0, std 1)."""
+    from torchvision import tv_tensors
+
+    aug = translate(v2.Compose([v2.RandomResizedCrop(24), v2.PILToTensor(), v2.ToImage()]))
+    assert aug.mean is None and aug.std is None
+    by_type = v2.ToDtype({tv_tensors.Image: torch.float32, "others": torch.float16}, scale=True)
+    aug = translate(v2.Compose([v2.RandomResizedCrop(24), v2.PILToTensor(), v2.ToImage(), by_type]))
+    assert (aug.mean, aug.std, aug.dtype) == ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0), torch.float32)
+    # without the ToImage the plain tensor takes the "others" entry
+    aug = translate(v2.Compose([v2.RandomResizedCrop(24), v2.PILToTensor(), by_type]))
+    assert (aug.mean, aug.std, aug.dtype) == ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0), torch.float16)
+
+
+def test_the_wrapper_probe_is_a_64_by_48_rgb_image_seen_from_the_seeded_generators():
+    """What a wrapper is called on: a 64 x 48 RGB PIL image, with Python's, NumPy's and torch's generators seeded
+    with the seed (the draws are those of freshly seeded generators), and all three put back afterwards."""
+    import random
+
+    from fastload.transforms import _on_probe
+
+    def look(img):
+        return img.mode, img.size, random.random(), float(np.random.rand()), float(torch.rand(()))
+
+    random.seed(5), np.random.seed(5), torch.manual_seed(5)
+    before = (random.random(), float(np.random.rand()), float(torch.rand(())))
+    random.seed(5), np.random.seed(5), torch.manual_seed(5)
+    for seed in (0, 1):
+        want = ("RGB", (64, 48), random.Random(seed).random(), float(np.random.RandomState(seed).rand()),
+                float(torch.rand((), generator=torch.Generator().manual_seed(seed))))  # fmt: skip
+        assert _on_probe(look, seed) == want
+    assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == before
+
+
+def test_an_interpolation_that_is_no_known_code_or_name_is_refused_naming_it():
+    """An int that is none of PIL's codes (0..5), a float or an unknown name: the message names the value as given."""
+    for value, shown in ((7, "7"), (-1, "-1"), (2.5, "2.5"), ("area", "AREA")):
+        t = T.RandomResizedCrop(24)
+        t.interpolation = value
+        msg = _refusal(T.Compose([t, T.PILToTensor()]))
+        assert msg.endswith(
+            f"(step 1 of 2 of the transform): interpolation {shown} is not one FastLoader resizes with as torchvision "
+            "does (NEAREST, BILINEAR, BICUBIC, LANCZOS: PIL's filter on the CPU, DALI's on the GPU); use one of those"
+        )
+
+
+def test_an_unknown_step_is_named_by_its_module_and_class():
+    """A user's class: its module, then the class (no repr of its own: ``Name()``); a builtin object: its repr alone;
+    a class with no module (``__module__`` None or empty): the class alone."""
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24), _Ungrouped(), T.PILToTensor()]))
+    assert msg.startswith(f"{__name__}._Ungrouped() (step 2 of 3 of the transform): has no FastLoader equivalent")
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24), 5, T.PILToTensor()]))
+    assert msg.startswith("5 (step 2 of 3 of the transform): has no FastLoader equivalent")
+    for module in (None, ""):
+        nameless = type("Nameless", (), {"__module__": module, "__call__": lambda self, img: img})
+        msg = _refusal(T.Compose([T.RandomResizedCrop(24), nameless(), T.PILToTensor()]))
+        assert msg.startswith("Nameless() (step 2 of 3 of the transform): has no FastLoader equivalent")
+
+
+class _Ungrouped:
+    """A step of the user's own, unknown to FastLoader."""
+
+    def __call__(self, img):
+        return img
+
+
+class _Spaced:
+    """A user's step whose repr runs over lines, with tabs and runs of spaces."""
+
+    def __init__(self, width=0):
+        self.width = width
+
+    def __repr__(self):
+        return "Spaced(\n    a=1,\t\tb=2,   c=3\n)" + "x" * self.width
+
+    def __call__(self, img):
+        return img
+
+
+def test_a_steps_repr_is_named_on_one_line_and_cut_at_160_characters():
+    """Runs of whitespace (newlines, tabs, spaces) become one space; a repr over 160 characters ends in "..." at 160."""
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24), _Spaced(), T.PILToTensor()]))
+    assert msg.startswith(f"{__name__}.Spaced( a=1, b=2, c=3 ) (step 2 of 3 of the transform): has no FastLoader equivalent")
+    one_line = "Spaced( a=1, b=2, c=3 )"  # 23 characters
+    for extra, shown in ((160 - 23, one_line + "x" * 137), (161 - 23, one_line + "x" * 134 + "...")):
+        msg = _refusal(T.Compose([T.RandomResizedCrop(24), _Spaced(extra), T.PILToTensor()]))
+        assert msg.startswith(f"{__name__}.{shown} (step 2 of 3 of the transform): ")
+
+
+def test_augmix_is_refused_saying_what_it_is():
+    """AugMix mixes several augmented chains per image: refused with its own reason, in both APIs."""
+    for api, prefix in ((T, "transforms."), (v2, "transforms.v2.")):
+        msg = _refusal(api.Compose([api.RandomResizedCrop(24), api.AugMix(), api.PILToTensor()]))
+        assert msg.startswith(prefix + "AugMix(")
+        assert msg.endswith(
+            "(step 2 of 3 of the transform): AugMix (a mix of several augmented chains per image) is not translated: "
+            "remove it from the dataset's transform, or apply it to the batch on the GPU after the loader"
+        )
+
+
+def test_the_no_ops_pass_anywhere():
+    """v2.Identity, nn.Identity, v2.ToPureTensor and v2.RGB change nothing: accepted before, between and after steps."""
+    for noop in (v2.Identity(), torch.nn.Identity(), v2.ToPureTensor(), v2.RGB()):
+        aug = translate(v2.Compose([noop, v2.Resize(32), noop, v2.CenterCrop(24), noop, v2.PILToTensor(), noop]))
+        assert (aug.train, aug.resize, aug.crop, aug.mean) == (False, 32, 24, None)
+
+
+def test_a_no_op_is_never_read_as_a_wrapper():
+    """An nn.Identity given a .transforms attribute is still the no-op: what it holds (here a flip that never flips,
+    which the evaluation form would refuse) is not read."""
+    ident = torch.nn.Identity()
+    ident.transforms = T.RandomHorizontalFlip(p=0.0)
+    aug = translate(T.Compose([T.Resize(32), T.CenterCrop(24), ident, T.PILToTensor()]))
+    assert (aug.train, aug.crop, aug.flip) == (False, 24, 0.0)
+
+
+def test_timms_maybe_pil_to_tensor_is_read_as_pil_to_tensor():
+    """timm's MaybePILToTensor converts a PIL image as PILToTensor does (uint8), and passes a tensor through."""
+    from timm.data.transforms import MaybePILToTensor
+
+    aug = translate(T.Compose([T.RandomResizedCrop(24), MaybePILToTensor()]))
+    assert (aug.mean, aug.std, aug.train, aug.crop) == (None, None, True, 24)
+    aug = translate(T.Compose([T.RandomResizedCrop(24), T.ToTensor(), MaybePILToTensor()]))
+    assert (aug.mean, aug.std, aug.dtype) == ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0), torch.float32)
+
+
+def test_containers_nested_more_than_50_deep_are_refused():
+    """51 Compose inside each other (the step at depth 51) is refused with the module's message; 50 are read."""
+
+    def nest(n):
+        t = T.Compose([T.RandomResizedCrop(24), T.PILToTensor()])
+        for _ in range(n - 1):
+            t = T.Compose([t])
+        return t
+
+    assert translate(nest(50)).crop == 24
+    with pytest.raises(ConfigError) as e:
+        translate(nest(52))
+    assert str(e.value) == "transform: containers nested more than 50 deep"
+
+
+def test_without_torchvision_every_step_is_unknown(monkeypatch):
+    """With torchvision not importable, translate still runs: nn.Identity passes, any other step is refused."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torchvision", None)
+    monkeypatch.setitem(sys.modules, "torchvision.transforms", None)
+    msg = _refusal(torch.nn.Sequential(torch.nn.Identity(), torch.nn.ReLU()))
+    assert msg == (
+        "nn.ReLU() (step 2 of 2 of the transform): has no FastLoader equivalent: remove it from the "
+        "dataset's transform, or apply it to the batch on the GPU after the loader"
+    )
