@@ -783,3 +783,73 @@ def test_without_torchvision_every_step_is_unknown(monkeypatch):
         "nn.ReLU() (step 2 of 2 of the transform): has no FastLoader equivalent: remove it from the "
         "dataset's transform, or apply it to the batch on the GPU after the loader"
     )
+
+
+def test_geometry_refusals_are_written_out_whole():
+    """The text after the step's name for the size, flip, max_size, stretching Resize and lone CenterCrop refusals."""
+    cases = [
+        ([T.RandomResizedCrop(24)], "size", 2.5,
+         "(step 1 of 2 of the transform): crop size 2.5 is not an integer number of pixels"),
+        ([T.RandomResizedCrop(24)], "size", True,
+         "(step 1 of 2 of the transform): crop size True is not an integer number of pixels"),
+        ([T.RandomResizedCrop(24), T.RandomHorizontalFlip()], "p", "half",
+         "(step 2 of 3 of the transform): p 'half' is not a probability"),
+    ]
+    for steps, attr, value, tail in cases:
+        setattr(steps[-1], attr, value)
+        assert _refusal(T.Compose([*steps, T.PILToTensor()])).endswith(tail)
+    assert _refusal(T.Compose([T.Resize(32, max_size=40), T.CenterCrop(24), T.PILToTensor()])).endswith(
+        "(step 1 of 3 of the transform): max_size caps the longer side, so the shorter one can end below the crop; "
+        "FastLoader resizes the shorter side only: remove max_size"
+    )
+    assert _refusal(T.Compose([T.Resize((32, 40)), T.CenterCrop(24), T.PILToTensor()])).endswith(
+        "(step 1 of 3 of the transform): size (32, 40) stretches every image to 32x40, but FastLoader keeps the aspect "
+        "ratio (shorter side to `resize`, then a center crop): use Resize(32) + CenterCrop(32)"
+    )
+    assert _refusal(T.Compose([T.CenterCrop(24), T.PILToTensor()])).endswith(
+        "(step 1 of 2 of the transform): CenterCrop without a Resize before it crops the full-resolution image; "
+        "FastLoader's evaluation path resizes the shorter side first: put Resize(S) before it (S >= the crop; 256 for 224)"
+    )
+    assert _refusal(T.Compose([T.RandomHorizontalFlip(), T.PILToTensor()])).endswith(
+        "(step 1 of 2 of the transform): a flip without RandomResizedCrop: FastLoader flips only on its training path; "
+        "add RandomResizedCrop(N) (training), or remove the flip"
+    )
+    assert _refusal(v2.Compose([v2.PILToTensor(), v2.RandomResizedCrop(24, antialias=False)])).endswith(
+        "(step 2 of 2 of the transform): antialias=False on a tensor image (not antialiased): FastLoader always "
+        "resizes with antialiasing; use antialias=True (the default)"
+    )
+
+
+def test_dtype_and_normalize_refusals_are_written_out_whole():
+    """The text after the step's name for a dtype FastLoader does not produce, a dict without the image's type,
+    Normalize of uint8 pixels, and Normalize after RandomErasing."""
+    crop = T.RandomResizedCrop(24)
+    assert _refusal(T.Compose([crop, T.PILToTensor(), T.ConvertImageDtype(torch.float64)])).endswith(
+        "(step 3 of 3 of the transform): dtype torch.float64 is not one FastLoader produces (torch.float32, "
+        "torch.float16, torch.bfloat16, or uint8 with PILToTensor alone); convert the batch after the loader"
+    )
+    from torchvision import tv_tensors
+
+    assert _refusal(v2.Compose([crop, v2.PILToTensor(), v2.ToDtype({tv_tensors.Image: torch.float32})])).endswith(
+        "(step 3 of 3 of the transform): its dtype dict has no entry for torch.Tensor and no 'others' (torchvision "
+        "raises); give dtype=torch.float32"
+    )
+    assert _refusal(T.Compose([crop, T.PILToTensor(), T.Normalize(MEAN, STD)])).endswith(
+        "(step 3 of 3 of the transform): Normalize needs a float tensor, but the image is a uint8 tensor here "
+        "(torchvision raises): put ToTensor() (or PILToTensor() + ConvertImageDtype(torch.float)) before it"
+    )
+    msg = _refusal(T.Compose([crop, T.ToTensor(), T.RandomErasing(), T.Normalize(MEAN, STD)]))
+    head, _, tail = msg.partition("(step 4 of 4 of the transform): Normalize after RandomErasing (transforms.RandomErasing(")
+    assert head.startswith("transforms.Normalize(") and tail.endswith(
+        ") (step 3 of 4 of the transform)) changes the erased value too; FastLoader erases the finished batch: put "
+        "RandomErasing after Normalize (as torchvision's references do)"
+    ), msg
+
+
+def test_a_multi_view_transforms_refusal_is_written_out_whole():
+    """Two views per image: what to do instead, as the user reads it."""
+    assert _refusal(T.Compose([_TwoViews(T.RandomResizedCrop(24)), T.PILToTensor()])).endswith(
+        "(step 1 of 2 of the transform): it returns 2 views of each image (a 2-item tuple or list), and FastLoader "
+        "batches one view per sample: give the dataset one view's transform, and make one loader per view with the "
+        "same sampler= (the same order) and its own seed (its own crops and colours)"
+    )
