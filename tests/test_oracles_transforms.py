@@ -758,7 +758,8 @@ def test_timms_maybe_pil_to_tensor_is_read_as_pil_to_tensor():
 
 
 def test_containers_nested_more_than_50_deep_are_refused():
-    """51 Compose inside each other (the step at depth 51) is refused with the module's message; 50 are read."""
+    """51 Compose inside each other (the steps at depth 51) are refused with the module's message; 50 are read, and
+    wrappers count as a level like containers do."""
 
     def nest(n):
         t = T.Compose([T.RandomResizedCrop(24), T.PILToTensor()])
@@ -768,8 +769,13 @@ def test_containers_nested_more_than_50_deep_are_refused():
 
     assert translate(nest(50)).crop == 24
     with pytest.raises(ConfigError) as e:
-        translate(nest(52))
+        translate(nest(51))
     assert str(e.value) == "transform: containers nested more than 50 deep"
+    wrapped = T.Compose([T.RandomResizedCrop(24), T.PILToTensor()])
+    for _ in range(51):
+        wrapped = _Wrapper(wrapped)
+    with pytest.raises(ConfigError, match="^transform: containers nested more than 50 deep$"):
+        translate(wrapped)
 
 
 def test_without_torchvision_every_step_is_unknown(monkeypatch):
@@ -853,3 +859,99 @@ def test_a_multi_view_transforms_refusal_is_written_out_whole():
         "batches one view per sample: give the dataset one view's transform, and make one loader per view with the "
         "same sampler= (the same order) and its own seed (its own crops and colours)"
     )
+
+
+class _Lifting:
+    """A preset that also changes its input's extreme pixels (0 -> 1, or 255 -> 254) before applying .transforms."""
+
+    def __init__(self, transforms, low):
+        self.transforms, self.low = transforms, low
+
+    def __call__(self, img):
+        return self.transforms(img.point(lambda v: max(v, 1) if self.low else min(v, 254)))
+
+
+def test_a_wrapper_that_changes_only_black_or_only_white_pixels_is_noticed():
+    """The probe holds every value 0..255, so a preset that lifts blacks or lowers whites is not read as its
+    .transforms. Resize(48) of the 64 x 48 probe keeps its size (PIL copies) and CenterCrop(48) keeps pixels as
+    they are, so the change reaches the output unblurred."""
+    inner = T.Compose([T.Resize(48), T.CenterCrop(48), T.PILToTensor()])
+    assert translate(_Preset(inner)).crop == 48  # the probe is RGB: convert("RGB") changes nothing
+    for low in (True, False):
+        with pytest.raises(ConfigError, match=r"it keeps steps in .transforms, but calling it does not give"):
+            translate(_Lifting(inner, low))
+
+
+def test_size_refusals_and_the_smallest_size():
+    """A size of 1 pixel is read; three sizes are not one size; the messages say so."""
+    assert translate(T.Compose([T.RandomResizedCrop(1), T.PILToTensor()])).crop == 1
+    aug = translate(T.Compose([T.Resize(1), T.CenterCrop(1), T.PILToTensor()]))
+    assert (aug.resize, aug.crop) == (1, 1)
+    t = T.RandomResizedCrop(24)
+    t.size = (24, 24, 24)
+    assert _refusal(T.Compose([t, T.PILToTensor()])).endswith("(step 1 of 2 of the transform): crop size (24, 24, 24) is not one size")
+    t = T.Resize(32)
+    t.size = [32, 32, 32]
+    assert _refusal(T.Compose([t, T.CenterCrop(24), T.PILToTensor()])).endswith(
+        "(step 1 of 3 of the transform): size [32, 32, 32] is not one size"
+    )
+
+
+def test_timms_crop_without_an_antialias_setting_is_read_on_a_tensor():
+    """timm's RandomResizedCropAndInterpolation has no antialias attribute: on a tensor it resizes as torchvision's
+    antialiased default does, so it is read; its random interpolation is refused, written out whole."""
+    from timm.data.transforms import RandomResizedCropAndInterpolation
+
+    aug = translate(T.Compose([T.PILToTensor(), RandomResizedCropAndInterpolation(24)]))
+    assert (aug.train, aug.crop, aug.interpolation) == (True, 24, "bilinear")
+    msg = _refusal(T.Compose([RandomResizedCropAndInterpolation(24, interpolation="random"), T.PILToTensor()]))
+    assert msg.endswith(
+        "(step 1 of 2 of the transform): a random choice of interpolation: FastLoader resizes every image with one "
+        "filter; use interpolation='bilinear' or 'bicubic'"
+    )
+
+
+def test_none_and_to_pil_image_are_refused_written_out_whole():
+    """transform=None, and ToPILImage (after a tensor conversion): what to do, as the user reads it."""
+    with pytest.raises(ConfigError) as e:
+        translate(None)
+    assert str(e.value) == (
+        "transform=None: the dataset returns PIL images of every size, but FastLoader batches need one size; give the "
+        "dataset a transform (RandomResizedCrop(N) [+ RandomHorizontalFlip()] for training, or Resize(S) + "
+        "CenterCrop(N) for evaluation, then ToTensor()), or pass crop= (and train=) to FastLoader"
+    )
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24), T.PILToTensor(), T.ToPILImage(), T.PILToTensor()]))
+    assert msg.endswith(
+        "(step 3 of 4 of the transform): ToPILImage has no FastLoader equivalent: remove it from the dataset's "
+        "transform, or apply it to the batch on the GPU after the loader"
+    )
+
+
+def test_a_random_apply_of_a_sequential_is_one_stage_not_a_wrapper():
+    """RandomApply(nn.Sequential(a, b), p=1.0) gives what its .transforms gives, but it is a known transform: one
+    stage running a then b, not two stages read through it."""
+    ra = T.RandomApply(torch.nn.Sequential(T.RandomInvert(1.0), T.RandomSolarize(100, p=1.0)), p=1.0)
+    assert _stages(ra) == (Stage(p=1.0, groups=((Op(name="Invert", prob=1.0), Op(name="Solarize", prob=1.0, magnitude=100.0)),)),)
+
+
+class _SometimesMore:
+    """A preset that, with probability 1/2 (Python's random), also flips the result of its .transforms."""
+
+    def __init__(self, transforms):
+        self.transforms = transforms
+
+    def __call__(self, img):
+        import random
+
+        out = self.transforms(img)
+        return out.flip(-1) if random.random() < 0.5 else out
+
+
+def test_a_wrapper_that_does_more_only_sometimes_is_noticed():
+    """The probe runs from two random states (seeds 0 and 1); Python's first draw is 0.84 at seed 0 and 0.13 at
+    seed 1, so a preset that flips when it draws below 1/2 flips at the second and is not read as its .transforms."""
+    import random
+
+    assert random.Random(0).random() >= 0.5 > random.Random(1).random()
+    with pytest.raises(ConfigError, match=r"it keeps steps in .transforms, but calling it does not give"):
+        translate(_SometimesMore(T.Compose([T.Resize(48), T.CenterCrop(48), T.PILToTensor()])))
