@@ -955,3 +955,23 @@ def test_a_wrapper_that_does_more_only_sometimes_is_noticed():
     assert random.Random(0).random() >= 0.5 > random.Random(1).random()
     with pytest.raises(ConfigError, match=r"it keeps steps in .transforms, but calling it does not give"):
         translate(_SometimesMore(T.Compose([T.Resize(48), T.CenterCrop(48), T.PILToTensor()])))
+
+
+def test_once_a_chain_has_taken_a_jitter_later_jitters_join_it():
+    """ColorJitter, RandomInvert, ColorJitter: the first jitter became the chain's first stage, so the user's order
+    holds from there on: the second jitter is the chain's third stage, not the Augment's own jitter."""
+    aug = _train(T.ColorJitter(brightness=0.4), T.RandomInvert(0.5), T.ColorJitter(contrast=0.5))
+    assert aug.jitter is None and aug.policy.stages == (
+        Stage(groups=((Op(name="ColorJitter", jitter=Jitter(brightness=(0.6, 1.4))),),)),
+        Stage(groups=((Op(name="Invert", prob=0.5),),)),
+        Stage(groups=((Op(name="ColorJitter", jitter=Jitter(contrast=(0.5, 1.5))),),)),
+    )
+
+
+def test_nearest_on_a_tensor_needs_no_antialias_and_noise_erasing_on_uint8_says_where_to_go():
+    """NEAREST never antialiases, so antialias=False on a tensor is read for it; noise erasing on uint8: the message."""
+    aug = translate(v2.Compose([v2.PILToTensor(), v2.RandomResizedCrop(24, interpolation=InterpolationMode.NEAREST, antialias=False)]))
+    assert (aug.crop, aug.interpolation) == (24, "nearest")
+    assert _refusal(T.Compose([T.RandomResizedCrop(24), T.PILToTensor(), T.RandomErasing(value="random")])).endswith(
+        "(step 3 of 3 of the transform): random-noise erasing on a uint8 image: put it after the float conversion and Normalize"
+    )
