@@ -555,3 +555,423 @@ def test_resize_without_a_size_is_refused_saying_why():
     t.size = None
     with pytest.raises(ConfigError, match=r"step 1 of 3 of the transform\): size=None \(only max_size\): FastLoader resizes"):
         translate(T.Compose([t, T.CenterCrop(24), T.ToTensor()]))
+
+
+# ----------------------------------------------------------------------------- refusals written out whole
+
+
+def _refusal(transform) -> str:
+    with pytest.raises(ConfigError) as e:
+        translate(transform)
+    return str(e.value)
+
+
+def test_refusals_of_conversions_and_normalize_are_written_out_whole():
+    """The text after the step's name, as the user reads it, for the conversion, Normalize and Grayscale refusals."""
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24), T.ToTensor(), T.ConvertImageDtype(torch.uint8)]))
+    assert msg.endswith(
+        "(step 3 of 3 of the transform): converting a float image back to uint8 has no FastLoader equivalent; for "
+        "uint8 batches use PILToTensor() (or v2.ToImage()) without a float conversion"
+    )
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24), T.Normalize(MEAN, STD), T.ToTensor()]))
+    assert msg.endswith(
+        "(step 2 of 3 of the transform): Normalize needs a float tensor, but the image is a PIL image here "
+        "(torchvision raises): put ToTensor() (or PILToTensor() + ConvertImageDtype(torch.float)) before it"
+    )
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24), T.ToTensor(), T.PILToTensor()]))
+    assert msg.endswith(
+        "(step 3 of 3 of the transform): the image is already a tensor (transforms.ToTensor() (step 2 of 3 of the "
+        "transform)); it converts PIL images: keep one tensor conversion"
+    )
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24), T.Grayscale(1), T.PILToTensor()]))
+    assert msg.endswith(
+        "(step 2 of 3 of the transform): Grayscale with one output channel: FastLoader batches are RGB; use "
+        "num_output_channels=3"
+    )
+    msg = _refusal(T.Compose([T.RandomResizedCrop((24, 32)), T.PILToTensor()]))
+    assert msg.endswith("(step 1 of 2 of the transform): crop size (24, 32) is not square; FastLoader produces square "
+                        "crop sizes: use one size, e.g. 24")
+
+
+def test_a_transform_that_ends_on_a_pil_image_is_refused_saying_what_to_add():
+    """No tensor conversion: a DataLoader cannot batch PIL images; the message names the transform and both conversions."""
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24)]))
+    assert msg.startswith("transform transforms.Compose(")
+    assert msg.endswith(
+        "): it returns PIL images, which a DataLoader cannot batch; add ToTensor() (float 0..1) or PILToTensor() "
+        "(uint8 0..255) after the crop"
+    )
+
+
+def test_greyscales_after_an_auto_augment_cannot_become_a_chain_and_are_refused_naming_both():
+    """TrivialAugmentWide or RandAugment, then two greyscales: the second would make a chain in the user's order,
+    which cannot hold the auto-augment; the message names the RandomGrayscale and the auto-augment's step."""
+    for first, name in ((T.TrivialAugmentWide(), "TrivialAugmentWide"), (T.RandAugment(), "RandAugment")):
+        msg = _refusal(T.Compose([T.RandomResizedCrop(24), first, T.RandomGrayscale(0.5), T.RandomGrayscale(0.5), T.PILToTensor()]))
+        assert msg.startswith("transforms.RandomGrayscale(p=0.5) (step 4 of 5 of the transform): RandomGrayscale after a colour "
+                              f"step, with transforms.{name}(")
+        assert "(step 2 of 5 of the transform): FastLoader runs an auto-augment first" in msg
+
+
+def test_a_std_that_underflows_to_zero_is_refused_naming_the_normalize():
+    """Two Normalize of std 1e-200: their product, 1e-400, is 0.0 in float64 (a division by zero): refused at the
+    second Normalize, not passed on as std=0."""
+    tiny = (1e-200, 1e-200, 1e-200)
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24), T.ToTensor(), T.Normalize((0, 0, 0), tiny), T.Normalize((0, 0, 0), tiny)]))
+    assert msg.startswith("transforms.Normalize(")
+    assert "(step 4 of 4 of the transform): std " in msg and msg.endswith("FastLoader's std must be positive")
+
+
+def test_random_noise_erasing_keeps_its_scale_and_ratio():
+    """RandomErasing(value='random') with its own scale and ratio: both kept, with pixel noise."""
+    for api in (T, v2):
+        t = api.RandomErasing(p=0.4, scale=(0.05, 0.25), ratio=(0.4, 2.5), value="random")
+        aug = _train(tail=(T.ToTensor(), T.Normalize(MEAN, STD), t))
+        assert aug.erasing == Erasing(p=0.4, scale=(0.05, 0.25), ratio=(0.4, 2.5), noise="pixel")
+
+
+def test_v2_to_image_of_a_tensor_keeps_it_and_makes_it_an_image():
+    """v2.ToImage after PILToTensor(): the same uint8 values, now a tv_tensors.Image, so ToDtype's dict entry for
+    Image applies (float 0..1 with scale=True: mean 0, std 1)."""
+    from torchvision import tv_tensors
+
+    aug = translate(v2.Compose([v2.RandomResizedCrop(24), v2.PILToTensor(), v2.ToImage()]))
+    assert aug.mean is None and aug.std is None
+    by_type = v2.ToDtype({tv_tensors.Image: torch.float32, "others": torch.float16}, scale=True)
+    aug = translate(v2.Compose([v2.RandomResizedCrop(24), v2.PILToTensor(), v2.ToImage(), by_type]))
+    assert (aug.mean, aug.std, aug.dtype) == ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0), torch.float32)
+    # without the ToImage the plain tensor takes the "others" entry
+    aug = translate(v2.Compose([v2.RandomResizedCrop(24), v2.PILToTensor(), by_type]))
+    assert (aug.mean, aug.std, aug.dtype) == ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0), torch.float16)
+
+
+def test_the_wrapper_probe_is_a_64_by_48_rgb_image_seen_from_the_seeded_generators():
+    """What a wrapper is called on: a 64 x 48 RGB PIL image, with Python's, NumPy's and torch's generators seeded
+    with the seed (the draws are those of freshly seeded generators), and all three put back afterwards."""
+    import random
+
+    from fastload.transforms import _on_probe
+
+    def look(img):
+        return img.mode, img.size, random.random(), float(np.random.rand()), float(torch.rand(()))
+
+    random.seed(5), np.random.seed(5), torch.manual_seed(5)
+    before = (random.random(), float(np.random.rand()), float(torch.rand(())))
+    random.seed(5), np.random.seed(5), torch.manual_seed(5)
+    for seed in (0, 1):
+        want = ("RGB", (64, 48), random.Random(seed).random(), float(np.random.RandomState(seed).rand()),
+                float(torch.rand((), generator=torch.Generator().manual_seed(seed))))  # fmt: skip
+        assert _on_probe(look, seed) == want
+    assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == before
+
+
+def test_an_interpolation_that_is_no_known_code_or_name_is_refused_naming_it():
+    """An int that is none of PIL's codes (0..5), a float or an unknown name: the message names the value as given."""
+    for value, shown in ((7, "7"), (-1, "-1"), (2.5, "2.5"), ("area", "AREA")):
+        t = T.RandomResizedCrop(24)
+        t.interpolation = value
+        msg = _refusal(T.Compose([t, T.PILToTensor()]))
+        assert msg.endswith(
+            f"(step 1 of 2 of the transform): interpolation {shown} is not one FastLoader resizes with as torchvision "
+            "does (NEAREST, BILINEAR, BICUBIC, LANCZOS: PIL's filter on the CPU, DALI's on the GPU); use one of those"
+        )
+
+
+def test_an_unknown_step_is_named_by_its_module_and_class():
+    """A user's class: its module, then the class (no repr of its own: ``Name()``); a builtin object: its repr alone;
+    a class with no module (``__module__`` None or empty): the class alone."""
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24), _Ungrouped(), T.PILToTensor()]))
+    assert msg.startswith(f"{__name__}._Ungrouped() (step 2 of 3 of the transform): has no FastLoader equivalent")
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24), 5, T.PILToTensor()]))
+    assert msg.startswith("5 (step 2 of 3 of the transform): has no FastLoader equivalent")
+    for module in (None, ""):
+        nameless = type("Nameless", (), {"__module__": module, "__call__": lambda self, img: img})
+        msg = _refusal(T.Compose([T.RandomResizedCrop(24), nameless(), T.PILToTensor()]))
+        assert msg.startswith("Nameless() (step 2 of 3 of the transform): has no FastLoader equivalent")
+
+
+class _Ungrouped:
+    """A step of the user's own, unknown to FastLoader."""
+
+    def __call__(self, img):
+        return img
+
+
+class _Spaced:
+    """A user's step whose repr runs over lines, with tabs and runs of spaces."""
+
+    def __init__(self, width=0):
+        self.width = width
+
+    def __repr__(self):
+        return "Spaced(\n    a=1,\t\tb=2,   c=3\n)" + "x" * self.width
+
+    def __call__(self, img):
+        return img
+
+
+def test_a_steps_repr_is_named_on_one_line_and_cut_at_160_characters():
+    """Runs of whitespace (newlines, tabs, spaces) become one space; a repr over 160 characters ends in "..." at 160."""
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24), _Spaced(), T.PILToTensor()]))
+    assert msg.startswith(f"{__name__}.Spaced( a=1, b=2, c=3 ) (step 2 of 3 of the transform): has no FastLoader equivalent")
+    one_line = "Spaced( a=1, b=2, c=3 )"  # 23 characters
+    for extra, shown in ((160 - 23, one_line + "x" * 137), (161 - 23, one_line + "x" * 134 + "...")):
+        msg = _refusal(T.Compose([T.RandomResizedCrop(24), _Spaced(extra), T.PILToTensor()]))
+        assert msg.startswith(f"{__name__}.{shown} (step 2 of 3 of the transform): ")
+
+
+def test_augmix_is_refused_saying_what_it_is():
+    """AugMix mixes several augmented chains per image: refused with its own reason, in both APIs."""
+    for api, prefix in ((T, "transforms."), (v2, "transforms.v2.")):
+        msg = _refusal(api.Compose([api.RandomResizedCrop(24), api.AugMix(), api.PILToTensor()]))
+        assert msg.startswith(prefix + "AugMix(")
+        assert msg.endswith(
+            "(step 2 of 3 of the transform): AugMix (a mix of several augmented chains per image) is not translated: "
+            "remove it from the dataset's transform, or apply it to the batch on the GPU after the loader"
+        )
+
+
+def test_the_no_ops_pass_anywhere():
+    """v2.Identity, nn.Identity, v2.ToPureTensor and v2.RGB change nothing: accepted before, between and after steps."""
+    for noop in (v2.Identity(), torch.nn.Identity(), v2.ToPureTensor(), v2.RGB()):
+        aug = translate(v2.Compose([noop, v2.Resize(32), noop, v2.CenterCrop(24), noop, v2.PILToTensor(), noop]))
+        assert (aug.train, aug.resize, aug.crop, aug.mean) == (False, 32, 24, None)
+
+
+def test_a_no_op_is_never_read_as_a_wrapper():
+    """An nn.Identity given a .transforms attribute is still the no-op: what it holds (here a flip that never flips,
+    which the evaluation form would refuse) is not read."""
+    ident = torch.nn.Identity()
+    ident.transforms = T.RandomHorizontalFlip(p=0.0)
+    aug = translate(T.Compose([T.Resize(32), T.CenterCrop(24), ident, T.PILToTensor()]))
+    assert (aug.train, aug.crop, aug.flip) == (False, 24, 0.0)
+
+
+def test_timms_maybe_pil_to_tensor_is_read_as_pil_to_tensor():
+    """timm's MaybePILToTensor converts a PIL image as PILToTensor does (uint8), and passes a tensor through."""
+    from timm.data.transforms import MaybePILToTensor
+
+    aug = translate(T.Compose([T.RandomResizedCrop(24), MaybePILToTensor()]))
+    assert (aug.mean, aug.std, aug.train, aug.crop) == (None, None, True, 24)
+    aug = translate(T.Compose([T.RandomResizedCrop(24), T.ToTensor(), MaybePILToTensor()]))
+    assert (aug.mean, aug.std, aug.dtype) == ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0), torch.float32)
+
+
+def test_containers_nested_more_than_50_deep_are_refused():
+    """51 Compose inside each other (the steps at depth 51) are refused with the module's message; 50 are read, and
+    wrappers count as a level like containers do."""
+
+    def nest(n):
+        t = T.Compose([T.RandomResizedCrop(24), T.PILToTensor()])
+        for _ in range(n - 1):
+            t = T.Compose([t])
+        return t
+
+    assert translate(nest(50)).crop == 24
+    with pytest.raises(ConfigError) as e:
+        translate(nest(51))
+    assert str(e.value) == "transform: containers nested more than 50 deep"
+    wrapped = T.Compose([T.RandomResizedCrop(24), T.PILToTensor()])
+    for _ in range(51):
+        wrapped = _Wrapper(wrapped)
+    with pytest.raises(ConfigError, match="^transform: containers nested more than 50 deep$"):
+        translate(wrapped)
+
+
+def test_without_torchvision_every_step_is_unknown(monkeypatch):
+    """With torchvision not importable, translate still runs: nn.Identity passes, any other step is refused."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torchvision", None)
+    monkeypatch.setitem(sys.modules, "torchvision.transforms", None)
+    msg = _refusal(torch.nn.Sequential(torch.nn.Identity(), torch.nn.ReLU()))
+    assert msg == (
+        "nn.ReLU() (step 2 of 2 of the transform): has no FastLoader equivalent: remove it from the "
+        "dataset's transform, or apply it to the batch on the GPU after the loader"
+    )
+
+
+def test_geometry_refusals_are_written_out_whole():
+    """The text after the step's name for the size, flip, max_size, stretching Resize and lone CenterCrop refusals."""
+    cases = [
+        ([T.RandomResizedCrop(24)], "size", 2.5,
+         "(step 1 of 2 of the transform): crop size 2.5 is not an integer number of pixels"),
+        ([T.RandomResizedCrop(24)], "size", True,
+         "(step 1 of 2 of the transform): crop size True is not an integer number of pixels"),
+        ([T.RandomResizedCrop(24), T.RandomHorizontalFlip()], "p", "half",
+         "(step 2 of 3 of the transform): p 'half' is not a probability"),
+    ]
+    for steps, attr, value, tail in cases:
+        setattr(steps[-1], attr, value)
+        assert _refusal(T.Compose([*steps, T.PILToTensor()])).endswith(tail)
+    assert _refusal(T.Compose([T.Resize(32, max_size=40), T.CenterCrop(24), T.PILToTensor()])).endswith(
+        "(step 1 of 3 of the transform): max_size caps the longer side, so the shorter one can end below the crop; "
+        "FastLoader resizes the shorter side only: remove max_size"
+    )
+    assert _refusal(T.Compose([T.Resize((32, 40)), T.CenterCrop(24), T.PILToTensor()])).endswith(
+        "(step 1 of 3 of the transform): size (32, 40) stretches every image to 32x40, but FastLoader keeps the aspect "
+        "ratio (shorter side to `resize`, then a center crop): use Resize(32) + CenterCrop(32)"
+    )
+    assert _refusal(T.Compose([T.CenterCrop(24), T.PILToTensor()])).endswith(
+        "(step 1 of 2 of the transform): CenterCrop without a Resize before it crops the full-resolution image; "
+        "FastLoader's evaluation path resizes the shorter side first: put Resize(S) before it (S >= the crop; 256 for 224)"
+    )
+    assert _refusal(T.Compose([T.RandomHorizontalFlip(), T.PILToTensor()])).endswith(
+        "(step 1 of 2 of the transform): a flip without RandomResizedCrop: FastLoader flips only on its training path; "
+        "add RandomResizedCrop(N) (training), or remove the flip"
+    )
+    assert _refusal(v2.Compose([v2.PILToTensor(), v2.RandomResizedCrop(24, antialias=False)])).endswith(
+        "(step 2 of 2 of the transform): antialias=False on a tensor image (not antialiased): FastLoader always "
+        "resizes with antialiasing; use antialias=True (the default)"
+    )
+
+
+def test_dtype_and_normalize_refusals_are_written_out_whole():
+    """The text after the step's name for a dtype FastLoader does not produce, a dict without the image's type,
+    Normalize of uint8 pixels, and Normalize after RandomErasing."""
+    crop = T.RandomResizedCrop(24)
+    assert _refusal(T.Compose([crop, T.PILToTensor(), T.ConvertImageDtype(torch.float64)])).endswith(
+        "(step 3 of 3 of the transform): dtype torch.float64 is not one FastLoader produces (torch.float32, "
+        "torch.float16, torch.bfloat16, or uint8 with PILToTensor alone); convert the batch after the loader"
+    )
+    from torchvision import tv_tensors
+
+    assert _refusal(v2.Compose([crop, v2.PILToTensor(), v2.ToDtype({tv_tensors.Image: torch.float32})])).endswith(
+        "(step 3 of 3 of the transform): its dtype dict has no entry for torch.Tensor and no 'others' (torchvision "
+        "raises); give dtype=torch.float32"
+    )
+    assert _refusal(T.Compose([crop, T.PILToTensor(), T.Normalize(MEAN, STD)])).endswith(
+        "(step 3 of 3 of the transform): Normalize needs a float tensor, but the image is a uint8 tensor here "
+        "(torchvision raises): put ToTensor() (or PILToTensor() + ConvertImageDtype(torch.float)) before it"
+    )
+    msg = _refusal(T.Compose([crop, T.ToTensor(), T.RandomErasing(), T.Normalize(MEAN, STD)]))
+    head, _, tail = msg.partition("(step 4 of 4 of the transform): Normalize after RandomErasing (transforms.RandomErasing(")
+    assert head.startswith("transforms.Normalize(") and tail.endswith(
+        ") (step 3 of 4 of the transform)) changes the erased value too; FastLoader erases the finished batch: put "
+        "RandomErasing after Normalize (as torchvision's references do)"
+    ), msg
+
+
+def test_a_multi_view_transforms_refusal_is_written_out_whole():
+    """Two views per image: what to do instead, as the user reads it."""
+    assert _refusal(T.Compose([_TwoViews(T.RandomResizedCrop(24)), T.PILToTensor()])).endswith(
+        "(step 1 of 2 of the transform): it returns 2 views of each image (a 2-item tuple or list), and FastLoader "
+        "batches one view per sample: give the dataset one view's transform, and make one loader per view with the "
+        "same sampler= (the same order) and its own seed (its own crops and colours)"
+    )
+
+
+class _Lifting:
+    """A preset that also changes its input's extreme pixels (0 -> 1, or 255 -> 254) before applying .transforms."""
+
+    def __init__(self, transforms, low):
+        self.transforms, self.low = transforms, low
+
+    def __call__(self, img):
+        return self.transforms(img.point(lambda v: max(v, 1) if self.low else min(v, 254)))
+
+
+def test_a_wrapper_that_changes_only_black_or_only_white_pixels_is_noticed():
+    """The probe holds every value 0..255, so a preset that lifts blacks or lowers whites is not read as its
+    .transforms. Resize(48) of the 64 x 48 probe keeps its size (PIL copies) and CenterCrop(48) keeps pixels as
+    they are, so the change reaches the output unblurred."""
+    inner = T.Compose([T.Resize(48), T.CenterCrop(48), T.PILToTensor()])
+    assert translate(_Preset(inner)).crop == 48  # the probe is RGB: convert("RGB") changes nothing
+    for low in (True, False):
+        with pytest.raises(ConfigError, match=r"it keeps steps in .transforms, but calling it does not give"):
+            translate(_Lifting(inner, low))
+
+
+def test_size_refusals_and_the_smallest_size():
+    """A size of 1 pixel is read; three sizes are not one size; the messages say so."""
+    assert translate(T.Compose([T.RandomResizedCrop(1), T.PILToTensor()])).crop == 1
+    aug = translate(T.Compose([T.Resize(1), T.CenterCrop(1), T.PILToTensor()]))
+    assert (aug.resize, aug.crop) == (1, 1)
+    t = T.RandomResizedCrop(24)
+    t.size = (24, 24, 24)
+    assert _refusal(T.Compose([t, T.PILToTensor()])).endswith("(step 1 of 2 of the transform): crop size (24, 24, 24) is not one size")
+    t = T.Resize(32)
+    t.size = [32, 32, 32]
+    assert _refusal(T.Compose([t, T.CenterCrop(24), T.PILToTensor()])).endswith(
+        "(step 1 of 3 of the transform): size [32, 32, 32] is not one size"
+    )
+
+
+def test_timms_crop_without_an_antialias_setting_is_read_on_a_tensor():
+    """timm's RandomResizedCropAndInterpolation has no antialias attribute: on a tensor it resizes as torchvision's
+    antialiased default does, so it is read; its random interpolation is refused, written out whole."""
+    from timm.data.transforms import RandomResizedCropAndInterpolation
+
+    aug = translate(T.Compose([T.PILToTensor(), RandomResizedCropAndInterpolation(24)]))
+    assert (aug.train, aug.crop, aug.interpolation) == (True, 24, "bilinear")
+    msg = _refusal(T.Compose([RandomResizedCropAndInterpolation(24, interpolation="random"), T.PILToTensor()]))
+    assert msg.endswith(
+        "(step 1 of 2 of the transform): a random choice of interpolation: FastLoader resizes every image with one "
+        "filter; use interpolation='bilinear' or 'bicubic'"
+    )
+
+
+def test_none_and_to_pil_image_are_refused_written_out_whole():
+    """transform=None, and ToPILImage (after a tensor conversion): what to do, as the user reads it."""
+    with pytest.raises(ConfigError) as e:
+        translate(None)
+    assert str(e.value) == (
+        "transform=None: the dataset returns PIL images of every size, but FastLoader batches need one size; give the "
+        "dataset a transform (RandomResizedCrop(N) [+ RandomHorizontalFlip()] for training, or Resize(S) + "
+        "CenterCrop(N) for evaluation, then ToTensor()), or pass crop= (and train=) to FastLoader"
+    )
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24), T.PILToTensor(), T.ToPILImage(), T.PILToTensor()]))
+    assert msg.endswith(
+        "(step 3 of 4 of the transform): ToPILImage has no FastLoader equivalent: remove it from the dataset's "
+        "transform, or apply it to the batch on the GPU after the loader"
+    )
+
+
+def test_a_random_apply_of_a_sequential_is_one_stage_not_a_wrapper():
+    """RandomApply(nn.Sequential(a, b), p=1.0) gives what its .transforms gives, but it is a known transform: one
+    stage running a then b, not two stages read through it."""
+    ra = T.RandomApply(torch.nn.Sequential(T.RandomInvert(1.0), T.RandomSolarize(100, p=1.0)), p=1.0)
+    assert _stages(ra) == (Stage(p=1.0, groups=((Op(name="Invert", prob=1.0), Op(name="Solarize", prob=1.0, magnitude=100.0)),)),)
+
+
+class _SometimesMore:
+    """A preset that, with probability 1/2 (Python's random), also flips the result of its .transforms."""
+
+    def __init__(self, transforms):
+        self.transforms = transforms
+
+    def __call__(self, img):
+        import random
+
+        out = self.transforms(img)
+        return out.flip(-1) if random.random() < 0.5 else out
+
+
+def test_a_wrapper_that_does_more_only_sometimes_is_noticed():
+    """The probe runs from two random states (seeds 0 and 1); Python's first draw is 0.84 at seed 0 and 0.13 at
+    seed 1, so a preset that flips when it draws below 1/2 flips at the second and is not read as its .transforms."""
+    import random
+
+    assert random.Random(0).random() >= 0.5 > random.Random(1).random()
+    with pytest.raises(ConfigError, match=r"it keeps steps in .transforms, but calling it does not give"):
+        translate(_SometimesMore(T.Compose([T.Resize(48), T.CenterCrop(48), T.PILToTensor()])))
+
+
+def test_once_a_chain_has_taken_a_jitter_later_jitters_join_it():
+    """ColorJitter, RandomInvert, ColorJitter: the first jitter became the chain's first stage, so the user's order
+    holds from there on: the second jitter is the chain's third stage, not the Augment's own jitter."""
+    aug = _train(T.ColorJitter(brightness=0.4), T.RandomInvert(0.5), T.ColorJitter(contrast=0.5))
+    assert aug.jitter is None and aug.policy.stages == (
+        Stage(groups=((Op(name="ColorJitter", jitter=Jitter(brightness=(0.6, 1.4))),),)),
+        Stage(groups=((Op(name="Invert", prob=0.5),),)),
+        Stage(groups=((Op(name="ColorJitter", jitter=Jitter(contrast=(0.5, 1.5))),),)),
+    )
+
+
+def test_nearest_on_a_tensor_needs_no_antialias_and_noise_erasing_on_uint8_says_where_to_go():
+    """NEAREST never antialiases, so antialias=False on a tensor is read for it; noise erasing on uint8: the message."""
+    aug = translate(v2.Compose([v2.PILToTensor(), v2.RandomResizedCrop(24, interpolation=InterpolationMode.NEAREST, antialias=False)]))
+    assert (aug.crop, aug.interpolation) == (24, "nearest")
+    assert _refusal(T.Compose([T.RandomResizedCrop(24), T.PILToTensor(), T.RandomErasing(value="random")])).endswith(
+        "(step 3 of 3 of the transform): random-noise erasing on a uint8 image: put it after the float conversion and Normalize"
+    )
