@@ -1342,18 +1342,16 @@ class Gate(Recorder):
         super().fill(ranges, wait=wait)
 
 
-def test_threads_opening_one_file_at_once_share_it(tmp_path):
-    """While one thread opens (and checks) a shard, another asking for it waits and gets the same one."""
-    s = built(True)
-    path = str(write(tmp_path / "s.lmdb", s.image()))
+def gated_shard(tmp_path) -> tuple[str, tuple[int, int, int], Gate]:
+    """A shard file, its identity and a Gate for two threads to open it at once."""
+    path = str(write(tmp_path / "s.lmdb", built(True).image()))
     st = os.stat(path)
-    ident = (st.st_ino, st.st_size, 0)
-    gate = Gate()
-    got: list = [None, None]
+    return path, (st.st_ino, st.st_size, 0), Gate()
 
-    def opener(j):
-        got[j] = btree.open_shard_file(path, ident, first=FIRST, count=N, filler=gate)
 
+def race(opener, gate: Gate) -> None:
+    """``opener(0)`` in a thread held inside its opening, ``opener(1)`` in another that then waits for it,
+    then both let go and joined."""
     a = threading.Thread(target=opener, args=(0,))
     a.start()
     assert gate.entered.wait(10)
@@ -1362,6 +1360,17 @@ def test_threads_opening_one_file_at_once_share_it(tmp_path):
     time.sleep(0.3)  # b is waiting for a's opening to finish
     gate.go.set()
     a.join(10), b.join(10)
+
+
+def test_threads_opening_one_file_at_once_share_it(tmp_path):
+    """While one thread opens (and checks) a shard, another asking for it waits and gets the same one."""
+    path, ident, gate = gated_shard(tmp_path)
+    got: list = [None, None]
+
+    def opener(j):
+        got[j] = btree.open_shard_file(path, ident, first=FIRST, count=N, filler=gate)
+
+    race(opener, gate)
     assert got[0] is got[1] and got[0] is not None
     assert btree._OPENING == {}
     btree.close_shared()
@@ -1616,11 +1625,7 @@ def test_threads_opening_a_damaged_file_at_once_both_say_why(tmp_path):
     """While one thread opens a shard that proves damaged, another asking for it waits; the first fails
     and leaves nothing behind, the second then opens it itself and fails the same way; nothing is left
     in the table of files being opened."""
-    s = built(True)
-    path = str(write(tmp_path / "s.lmdb", s.image()))
-    st = os.stat(path)
-    ident = (st.st_ino, st.st_size, 0)
-    gate = Gate()
+    path, ident, gate = gated_shard(tmp_path)
     got: list = [None, None]
 
     def opener(j):
@@ -1629,14 +1634,7 @@ def test_threads_opening_a_damaged_file_at_once_both_say_why(tmp_path):
         except Exception as e:  # noqa: BLE001 (what each thread met, checked below)
             got[j] = e
 
-    a = threading.Thread(target=opener, args=(0,))
-    a.start()
-    assert gate.entered.wait(10)
-    b = threading.Thread(target=opener, args=(1,))
-    b.start()
-    time.sleep(0.3)  # b is waiting for a's opening to finish
-    gate.go.set()
-    a.join(10), b.join(10)
+    race(opener, gate)
     want = f"LMDB file holds {N} records, the manifest says {N - 1}"
     assert [type(e) for e in got] == [DamagedShardError, DamagedShardError]
     assert [e.problem for e in got] == [want, want]

@@ -758,6 +758,20 @@ def test_a_list_file_that_does_not_read_back_is_logged_and_the_files_packed_as_b
     assert colours(entry) == [(0, 0), (1, 1)]
 
 
+def interrupted_pack(monkeypatch, listed, staging, *, on_error: str) -> None:
+    """Pack ``listed`` into ``staging`` as the cache does, interrupted (Ctrl-C) just before it finishes:
+    what a killed packer leaves behind."""
+    import fastload.packing.run as run
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(run, "finalize", killed)
+        with pytest.raises(KeyboardInterrupt):
+            run.pack_like_pil_loader(listed, staging, on_error=on_error, progress=False)
+
+
 def test_a_resumed_pack_that_left_images_out_says_so(tmp_path, monkeypatch, caplog):
     """``<entry>.pack.partial`` left by a pack of the same list that skips bad images (``on_error="skip"``,
     stopped just before it finished: a stand-in ``finalize`` raises as a kill would land there) is resumed,
@@ -778,13 +792,7 @@ def test_a_resumed_pack_that_left_images_out_says_so(tmp_path, monkeypatch, capl
     listed = c.resolve() / f"{entry.name}.pack.csv"
     listed.write_text("\n".join(rows) + "\n", encoding="utf-8")
 
-    def killed(*a, **k):
-        raise KeyboardInterrupt
-
-    with monkeypatch.context() as m:
-        m.setattr(run, "finalize", killed)
-        with pytest.raises(KeyboardInterrupt):
-            run.pack_like_pil_loader(listed, staging, on_error="skip", progress=False)
+    interrupted_pack(monkeypatch, listed, staging, on_error="skip")
     assert (c / f"{entry.name}.pack.partial").is_dir()
     with caplog.at_level(logging.WARNING, logger="fastload.cache"):
         assert cached_pack(folder, cache_dir=c, progress=False) == entry
@@ -892,13 +900,7 @@ def test_an_unfinished_pack_of_another_list_is_started_again(tmp_path, monkeypat
     rows = ["path,label"] + [f"{p},class_{k}" for p, k in ImageFolder(str(other)).samples]
     listed.write_text("\n".join(rows) + "\n", encoding="utf-8")
 
-    def killed(*a, **k):
-        raise KeyboardInterrupt
-
-    with monkeypatch.context() as m:
-        m.setattr(run, "finalize", killed)
-        with pytest.raises(KeyboardInterrupt):
-            run.pack_like_pil_loader(listed, staging, on_error="fail", progress=False)
+    interrupted_pack(monkeypatch, listed, staging, on_error="fail")
     listed.unlink()
     assert partial.is_dir()
     with caplog.at_level(logging.WARNING, logger="fastload.cache"):
