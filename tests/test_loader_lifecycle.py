@@ -45,6 +45,9 @@ def _fastload_threads() -> list[str]:
 
 _EXIT_SCRIPT = """
 import os, signal, sys, time
+# Ctrl-C as a terminal delivers it, whatever this process inherited from the one that started it
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 import fastload
 loader = fastload.FastLoader(sys.argv[1], 4, device="cpu", crop=16, num_threads=1)
 mode = sys.argv[2]
