@@ -63,7 +63,9 @@ def _close_live_cores() -> None:
 
 
 def register_exit_hook() -> None:
-    """Close every live core at interpreter exit (call it after DALI is imported: see the module docstring)."""
+    """Import DALI (a DependencyError if it fails), then close every live core at interpreter exit, before
+    DALI's own exit hooks run (see the module docstring)."""
+    import_dali()
     if not _EXIT_HOOK:
         atexit.register(_close_live_cores)
         _EXIT_HOOK.append(True)

@@ -34,7 +34,7 @@ from .core import REBOUND, RESUMED, RETRANSFORMED, Core, register_exit_hook
 from .dlcompat import DetachedEpoch, LoaderBatchSampler, RankSampler, SamplerPlan, check_collate_fn, note_ignored, rank_and_world, user_batch_sampler
 from .epochs import EpochIterator, EpochRun, start_epoch
 from .errors import ConfigError, LoaderError, as_int
-from .pipeline import import_dali
+from .pipeline import find_dali
 from .composite import DatasetView
 from .reader import Dataset
 from .remote.url import is_url
@@ -449,8 +449,7 @@ class FastLoader:
         order, block_size, window = _check_order(order, block_size, window, user_batches)
         self.device = _resolve_device(device)
         self.rank, self.world_size = rank_and_world(rank, world_size)
-        import_dali()  # DependencyError with an install hint, before any work
-        register_exit_hook()  # after DALI's own (see fastload.core)
+        find_dali()  # DependencyError with an install hint, before any work (imported once downloads start)
 
         # 3. the dataset, its labels, and this rank's plan of each epoch
         remote = _remote_options(dataset, cache_limit=cache_limit, storage_options=storage_options, retry_deadline=retry_deadline, fetch=fetch)
@@ -464,6 +463,8 @@ class FastLoader:
         self._keep_samplers(sampler, batch_sampler, user_batches, rank=rank, world_size=world_size)
         self._labels = packed.labels if target_transform is None else _transformed_labels(packed.labels, target_transform)
         self._fields = self._check_fields(packed, fields, pad_to)
+        self._start_fetching()  # a URL's first epoch downloads while DALI is imported and the pipeline built
+        register_exit_hook()  # imports DALI, then our exit hook after DALI's (see fastload.core)
         self._init = {
             "dataset": packed if isinstance(packed, DatasetView) else (getattr(packed, "url", None) or str(packed.path)), "batch_size": batch_size, "shuffle": shuffle, "sampler": sampler,
             "batch_sampler": batch_sampler, "drop_last": drop_last, "generator": generator, **ignored,
@@ -484,17 +485,15 @@ class FastLoader:
         self._closed = False
         self._iter_lock = threading.Lock()
         self._core = self._make_core()
-        self._start_lifetime()
+        self._finalizer = weakref.finalize(self, self._core.close)  # stops its thread, frees its pipeline
 
     # ------------------------------------------------------------------ the constructor's steps
-    def _start_lifetime(self) -> None:
-        """The finalisers that clean up after the loader, and the first epoch's downloads ahead."""
-        # Stops the thread and frees the pipeline when the loader is collected, or at exit.
-        self._finalizer = weakref.finalize(self, self._core.close)
-        # Gives up the dataset's downloads ahead (a URL's) when the loader is closed or collected.
+    def _start_fetching(self) -> None:
+        """The first epoch's downloads ahead (a URL's dataset), given up when the loader is closed or
+        collected, a loader whose construction fails after this point included."""
         stop = getattr(self.packed, "stop_fetching", None)
         self._stop_fetching = weakref.finalize(self, stop) if stop is not None else None
-        self._fetch_ahead()
+        self._fetch_ahead(started=False)
 
     def _keep_unused(self, ignored: dict[str, Any]) -> None:
         """The DataLoader arguments about worker processes, kept as a DataLoader keeps them."""
@@ -739,12 +738,12 @@ class FastLoader:
                 for _ in range(2):  # (torch.utils.data.RandomSampler.__iter__, read to its end)
                     torch.randperm(len(self.packed), generator=self.generator)
 
-    def _fetch_ahead(self) -> None:
+    def _fetch_ahead(self, *, started: bool = True) -> None:
         """Before the first epoch: a URL's dataset fetches the next ``iter()``'s shards, in its order, while
         the script sets up. Only with the loader's own order and a known rank (given, from the process
         group, or no ``torchrun``): another rank's order would fetch shards this node may never read."""
         prefetch = getattr(self.packed, "prefetch_epoch", None)
-        if prefetch is None or self._core.run is not None or not isinstance(self._plan, EpochSampler):
+        if prefetch is None or (started and self._core.run is not None) or not isinstance(self._plan, EpochSampler):
             return
         if not (self._auto_ranks and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1):  # torchrun, no group yet
             prefetch(self._plan.batches(self._epoch, self._resume_batch))

@@ -30,6 +30,7 @@ a loader should then hold; ``docs/gpu.md`` explains the figures.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 from typing import Any, Callable, Mapping, Sequence
 
@@ -62,6 +63,17 @@ def import_dali():
     except ImportError as e:
         raise DependencyError(f"NVIDIA DALI is not importable ({e}); {DALI_HINT}") from None
     return dali, fn, types
+
+
+def find_dali() -> None:
+    """Whether DALI is installed, without importing it (an import takes a third of a second): the
+    DependencyError of :func:`import_dali` for a missing DALI, before any work."""
+    try:
+        found = importlib.util.find_spec("nvidia.dali") is not None
+    except (ImportError, ValueError):  # no ``nvidia`` package; a module without a spec
+        found = False
+    if not found:
+        raise DependencyError(f"NVIDIA DALI is not importable (no module named 'nvidia.dali'); {DALI_HINT}")
 
 
 def dali_available() -> bool:

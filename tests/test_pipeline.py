@@ -20,6 +20,7 @@ from fastload.pipeline import (
     DecoderSizing,
     GraphSpec,
     decoder_sizing,
+    find_dali,
     graph_threads,
     memory_estimate,
 )
@@ -36,6 +37,32 @@ def _spec(**kw) -> GraphSpec:
     )  # fmt: skip
     base.update(kw)
     return GraphSpec(**base)
+
+
+# ----------------------------------------------------------------------------- finding DALI
+
+
+def test_a_missing_dali_is_refused_before_the_dataset_is_opened(monkeypatch, tmp_path):
+    """The loader looks for DALI first (without importing it): no DALI is a DependencyError with the
+    install hint, even for a dataset that would itself be refused."""
+    import sys
+
+    from fastload.errors import DependencyError
+
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # what `import nvidia.dali` then fails on
+    with pytest.raises(DependencyError, match=r"^NVIDIA DALI is not importable .*pip install"):
+        find_dali()
+    with pytest.raises(DependencyError, match="NVIDIA DALI is not importable"):
+        FastLoader(tmp_path / "missing", 4, device="cpu")
+
+
+def test_finding_dali_does_not_import_it():
+    import subprocess
+    import sys
+
+    code = "import sys; from fastload.pipeline import find_dali; find_dali(); print('nvidia.dali' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
 
 
 # ----------------------------------------------------------------------------- sizing

@@ -334,6 +334,58 @@ def test_a_loader_downloads_its_first_epochs_shards_before_iter(s3, remote, tmp_
     assert not late, (order, before)
 
 
+def test_a_loaders_downloads_start_before_dali_is_imported(s3, remote, tmp_path, monkeypatch):
+    """Written for downloads that begin only once the loader is built: importing DALI (a third of a
+    second) and building the pipeline come after the dataset is opened, so the first epoch's shards
+    are already being fetched when DALI's import begins, and the epoch reads every sample once."""
+    import fastload.core as core_mod
+
+    seen: list[list[str]] = []
+    real = core_mod.import_dali
+
+    def import_dali():
+        seen.append(fastload_threads())
+        return real()
+
+    monkeypatch.setattr(core_mod, "import_dali", import_dali)
+    proxy = Proxy("127.0.0.1", s3.ports["s3"], delay=0.05)  # every shard still under way at the import
+    try:
+        opts = dict(storage_options=s3.options(proxy.endpoint), cache_dir=tmp_path / "c")
+        with FastLoader(remote["url"], 4, device="cpu", crop=32, train=False, shuffle=True, seed=11, **opts) as loader:
+            assert seen and "fastload-remote-prefetch" in seen[0], seen
+            got = decoded(loader)
+    finally:
+        proxy.close()
+    assert every_sample_once(got)
+
+
+def test_a_loader_that_fails_after_its_downloads_began_gives_them_up(s3, remote, tmp_path, monkeypatch):
+    """Written for a construction that raises once the downloads ahead are under way (here DALI's
+    import, found installed but failing): the error reaches the caller, and the dropped loader leaves
+    no download thread behind and asks for no more shards."""
+    import fastload.core as core_mod
+    from fastload.errors import DependencyError
+
+    def broken():
+        raise DependencyError("NVIDIA DALI is not importable (a broken install)")
+
+    monkeypatch.setattr(core_mod, "import_dali", broken)
+    proxy = Proxy("127.0.0.1", s3.ports["s3"], delay=0.2)
+    try:
+        opts = dict(storage_options=s3.options(proxy.endpoint), cache_dir=tmp_path / "c")
+        with pytest.raises(DependencyError, match="a broken install"):
+            FastLoader(remote["url"], 4, device="cpu", crop=32, shuffle=True, seed=3, **opts)
+        deadline = time.monotonic() + 10
+        while fastload_threads() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fastload_threads() == []
+        seen = len(shard_gets(proxy))
+        time.sleep(0.5)
+        assert len(shard_gets(proxy)) == seen < len(fastload.Dataset(remote["local"]).manifest.shards)
+    finally:
+        proxy.close()
+
+
 @pytest.mark.parametrize("why", ["cache_limit below the dataset", "torchrun before the process group", "records"])
 def test_nothing_is_fetched_ahead_when_it_could_be_wasted(s3, remote, tmp_path, monkeypatch, why):
     """Written for an early fetch that fills a cache too small for the dataset with shards evicted before
