@@ -48,14 +48,15 @@ An image that cannot be packed (corrupt, not an image) is an error naming it, an
 is made: FastLoader reads a torchvision dataset by its indices (a ``DistributedSampler``
 over it, ``Subset``), so the entry holds every sample at the dataset's own index or none.
 
-Torch's dataset objects around such datasets: :func:`plan_dataset` walks ``Subset`` (what
+Torch's dataset objects around such datasets are :mod:`fastload.datasets`' job (above this
+module, which it calls): its :func:`~fastload.datasets.plan_dataset` walks ``Subset`` (what
 ``random_split`` returns) and ``ConcatDataset``, nested in any way, down to their file
 datasets (``ImageFolder``, ``DatasetFolder``, ``ImageNet``: its classes are tuples of names,
 its entry stores its ``wnids``) and packed :class:`Dataset` objects, checks each, and
-refuses what it cannot reproduce before anything is packed. :meth:`DatasetPlan.open` packs
+refuses what it cannot reproduce before anything is packed; ``DatasetPlan.open`` packs
 each file dataset into its own entry (the same entry it has alone: nothing is packed twice)
 and returns a :class:`fastload.composite.DatasetView` whose position ``p`` is the user's
-``dataset[p]``. :func:`resolve_dataset` does both.
+``dataset[p]``; ``resolve_dataset`` does both.
 """
 
 from __future__ import annotations

@@ -548,7 +548,8 @@ def _normalize(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
     st.M = [M + mi * S for M, mi, S in zip(st.M, m, st.S)]
     st.S = [S * si for S, si in zip(st.S, s)]
     if any(v <= 0 for v in st.S):
-        raise step.fail(f"std {t.std!r} is negative; FastLoader's std must be positive")
+        why = "is negative" if min(s) < 0 else "times the std of the Normalize before it underflows to 0.0 (a division by zero)"
+        raise step.fail(f"std {t.std!r} {why}; FastLoader's std must be positive")
 
 
 def _erasing(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:

@@ -619,7 +619,15 @@ def test_a_std_that_underflows_to_zero_is_refused_naming_the_normalize():
     tiny = (1e-200, 1e-200, 1e-200)
     msg = _refusal(T.Compose([T.RandomResizedCrop(24), T.ToTensor(), T.Normalize((0, 0, 0), tiny), T.Normalize((0, 0, 0), tiny)]))
     assert msg.startswith("transforms.Normalize(")
-    assert "(step 4 of 4 of the transform): std " in msg and msg.endswith("FastLoader's std must be positive")
+    assert "(step 4 of 4 of the transform): std (1e-200, 1e-200, 1e-200) times the std of the Normalize before it " \
+           "underflows to 0.0 (a division by zero); FastLoader's std must be positive" in msg
+
+
+def test_a_negative_std_is_refused_as_negative_and_not_as_an_underflow():
+    """A std with a negative channel (its product with the std before is negative, never 0.0) is named negative."""
+    msg = _refusal(T.Compose([T.RandomResizedCrop(24), T.ToTensor(), T.Normalize((0, 0, 0), (0.5, -0.25, 0.5))]))
+    assert msg.startswith("transforms.Normalize(")
+    assert msg.endswith("(step 3 of 3 of the transform): std (0.5, -0.25, 0.5) is negative; FastLoader's std must be positive")
 
 
 def test_random_noise_erasing_keeps_its_scale_and_ratio():
