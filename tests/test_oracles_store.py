@@ -435,6 +435,33 @@ def test_iter_headers_names_the_file_of_a_key_that_is_not_8_bytes(tmp_path) -> N
     assert str(ei.value) == f"{p}: record key of 7 bytes (expected 8)"
 
 
+def test_iter_headers_names_the_file_and_the_sample_of_a_bad_header(tmp_path) -> None:
+    """A shard (written by LMDB itself) holding sample 5 (key: 5 as 8 big-endian bytes) whose value is 64 zero
+    bytes: iter_headers refuses its header naming the file and that sample's index."""
+    lmdb = pytest.importorskip("lmdb")
+    p = tmp_path / "h.lmdb"
+    env = lmdb.open(str(p), subdir=False, map_size=1 << 20, lock=False)
+    with env.begin(write=True) as txn:
+        txn.put((5).to_bytes(8, "big"), bytes(64))
+    env.close()
+    with pytest.raises(CorruptDataError) as ei:
+        list(hashes.iter_headers(p))
+    assert str(ei.value) == f"{p} sample 5: bad record magic {bytes(4)!r} (expected {b'FLRC'!r})"
+
+
+def test_iter_records_names_its_where_for_a_key_that_is_not_8_bytes(tmp_path) -> None:
+    """iter_records of an open shard whose key is 9 bytes: refused, the message led by the caller's ``where``."""
+    lmdb = pytest.importorskip("lmdb")
+    p = tmp_path / "k9.lmdb"
+    env = lmdb.open(str(p), subdir=False, map_size=1 << 20, lock=False)
+    with env.begin(write=True) as txn:
+        txn.put(b"123456789", b"v")
+    env.close()
+    with hashes.open_shard_readonly(p) as scan, pytest.raises(CorruptDataError) as ei:
+        list(hashes.iter_records(scan, "shard 00003"))
+    assert str(ei.value) == "shard 00003: record key of 9 bytes (expected 8)"
+
+
 def test_read_regular_reads_without_a_warning(tmp_path) -> None:
     """read_regular gives the file's bytes and warns of nothing (warnings made errors)."""
     p = tmp_path / "f.bin"
