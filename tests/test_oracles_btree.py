@@ -648,6 +648,22 @@ def test_the_file_and_its_size(tmp_path):
     os.fstat(1)  # and closes nothing else: not standard output, say
 
 
+def test_a_page_size_of_two_to_the_31_puts_the_second_meta_page_outside_the_file(tmp_path):
+    """A shard (written by LMDB itself) whose meta page 0 says its page size is 2**31 (bytes 40..43, little-endian:
+    the page header is 16 bytes, then magic, version, address and map size): the second meta page would be at
+    byte 2**31, past the end of the file."""
+    lmdb = pytest.importorskip("lmdb")
+    p = tmp_path / "ps.lmdb"
+    env = lmdb.open(str(p), subdir=False, map_size=1 << 20, lock=False)
+    with env.begin(write=True) as txn:
+        txn.put((0).to_bytes(8, "big"), b"v")
+    env.close()
+    data = bytearray(p.read_bytes())
+    data[40:44] = (2**31).to_bytes(4, "little")
+    p.write_bytes(data)
+    assert check_shard_structure(p, len(data)) == "LMDB meta page outside the file"
+
+
 def keys_problem():
     return f"LMDB keys are not the sample indices {FIRST}..{FIRST + N - 1}"
 
