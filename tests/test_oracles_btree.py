@@ -797,6 +797,9 @@ def test_overflow_pointers(tmp_path):
         (lambda d: put(d, data_field(big[1]), "<Q", s.recs[big[0]][2]), "two LMDB records share overflow pages"),
         (lambda d: put(d, data_field(big[1]), "<Q", s.recs[big[0]][2] + 1), "two LMDB records share overflow pages"),
         (lambda d: put(d, data_field(big[0]), "<Q", s.recs[big[1]][2] + 1), "two LMDB records share overflow pages"),
+        # the overlap between the second and third in page order, not the first and second: each value's pages
+        # are checked against its own neighbour's start, not the first one's
+        (lambda d: put(d, data_field(big[2]), "<Q", s.recs[big[1]][2] + 1), "two LMDB records share overflow pages"),
     ]
     for j, (edit, msg) in enumerate(cases):
         d = s.image()
