@@ -811,6 +811,24 @@ def test_overflow_pointers(tmp_path):
         assert e.value.problem == msg
 
 
+def test_a_scan_refuses_an_overflow_run_one_page_short_of_its_value_and_its_header(tmp_path):
+    """A value of 4096 bytes needs 2 overflow pages with their 16-byte header (4112 bytes); its first overflow page
+    says 1: ShardScan.records refuses it (the count is checked against the value plus the header)."""
+    s = Shard()
+    v = value(FIRST, 4096)
+    p = s.alloc()
+    ov = s.overflow(v)
+    s.node_page(p, P_LEAF, [struct.pack("<HHHH", len(v), 0, F_BIGDATA, 8) + key(FIRST) + struct.pack("<Q", ov)])
+    s.leaves, s.root, s.depth, s.entries = [(p, [FIRST])], p, 1, 1
+    data = s.image()
+    assert struct.unpack_from("<I", data, ov * 4096 + 12)[0] == 2  # mp_pages, after pgno, pad and flags
+    put(data, ov * 4096 + 12, "<I", 1)
+    path = write(tmp_path / "s.lmdb", data)
+    with ShardScan(path) as scan, pytest.raises(DamagedShardError) as e:
+        list(scan.records())
+    assert e.value.problem == f"the LMDB record of key {key(FIRST).hex()} points at page {ov}, which does not start its overflow pages"
+
+
 @pytest.mark.parametrize("pages", [1, 2])
 def test_an_overflow_value_that_ends_the_file(tmp_path, pages):
     """The last page of the file is an overflow value's last page (its first too, for one page),
