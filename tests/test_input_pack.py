@@ -282,6 +282,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.timeout(30)  # a FIFO opened without O_NONBLOCK would wait for a writer forever
 def test_a_list_file_that_is_a_fifo_or_a_device_is_refused_not_waited_on(tmp_path):
     fifo = tmp_path / "fifo.csv"
     os.mkfifo(fifo)
@@ -434,6 +435,7 @@ def test_the_scan_says_what_is_not_a_regular_file(tmp_path):
     assert s.class_counts() == [3, 2]
 
 
+@pytest.mark.timeout(30)  # a FIFO opened without O_NONBLOCK would wait for a writer forever
 def test_special_files_in_a_list_are_skipped_not_read(tmp_path):
     imgs = _images(tmp_path / "imgs", 1)
     os.mkfifo(tmp_path / "fifo.jpg")

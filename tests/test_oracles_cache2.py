@@ -352,6 +352,7 @@ def test_the_lock_is_released_and_forgotten_when_the_call_returns(tmp_path, monk
     assert os.path.getsize(lock) == 0  # the lock file stays empty
 
 
+@pytest.mark.timeout(30)  # a FIFO opened without O_NONBLOCK would wait for a writer forever
 @pytest.mark.parametrize("kind", ["directory", "symlink", "fifo"])
 def test_a_lock_path_that_is_not_a_regular_file_is_refused_whole(tmp_path, kind):
     """Kills: the lock opened through a symlink (O_NOFOLLOW lost: the link's target would be locked,
@@ -619,6 +620,7 @@ def test_an_entry_that_does_not_hold_the_dataset_is_refused_whole(tmp_path):
     assert "manifest.json" in msg[len(head):] and msg[len(head):] != "None; remove it and run again"
 
 
+@pytest.mark.timeout(30)  # a FIFO opened without O_NONBLOCK would wait for a writer forever
 def test_a_list_file_that_cannot_be_written_and_a_sample_that_is_not_a_file_are_named_whole(tmp_path):
     root = bmp_folder(tmp_path / "imgs")
     folder = ImageFolder(str(root))
@@ -1099,3 +1101,23 @@ def test_the_progress_wish_reaches_the_packer(tmp_path, monkeypatch):
     cached_pack(Files(root, [(files[1], 0)], ["1", "10"]), cache_dir=c, progress=False)
     cached_pack(Files(root, [(files[2], 0), (files[3], 1)], ["a", "b"]), cache_dir=c, progress=0)
     assert got == [(True, True), (False, True), (False, False), (True, False)]
+
+
+def test_a_path_the_list_file_would_change_is_packed_as_bytes(tmp_path, caplog):
+    """A file whose name ends in a space: the list parser strips a cell's spaces, so the list file would
+    name another path (with the same label). Every sample must read back as its own path *and* label
+    before the list file is used; here the files are packed as bytes, each record its own pixels. Kills:
+    ``or`` for the second ``and`` of that check (a matching label then passes a changed path, and the
+    pack looks for ``a.bmp``, which does not exist)."""
+    a = write_image(tmp_path / "d" / "a.bmp", encode_color(0, 0), size=(8, 8))
+    spaced = tmp_path / "d" / "a.bmp "
+    os.rename(a, spaced)
+    b = write_image(tmp_path / "d" / "b.bmp", encode_color(1, 1), size=(8, 8))
+    ds = Files(tmp_path / "d", [(str(spaced), 0), (str(b), 1)], ["a", "b"])
+    with caplog.at_level(logging.INFO, logger="fastload.cache"):
+        entry = cached_pack(ds, cache_dir=tmp_path / "c", progress=False)
+    msgs = [r.getMessage() for r in caplog.records if r.name == "fastload.cache"]
+    assert f"Files({tmp_path / 'd'}): packing its files as a dataset of bytes (the class names cannot travel in a list file)" in msgs
+    packed = fastload.Dataset(entry)
+    assert [packed.source_path(i) for i in range(2)] == ["dataset[0]", "dataset[1]"]
+    assert colours(entry) == [(0, 0), (1, 1)]

@@ -695,6 +695,7 @@ def test_a_file_that_grew_past_the_limit_is_refused_with_the_bytes_read(tmp_path
         "(8 bytes per pixel + 16 MiB)"))  # fmt: skip
 
 
+@pytest.mark.timeout(30)  # a FIFO opened without O_NONBLOCK would wait for a writer forever
 def test_what_opens_but_is_not_a_regular_file_is_refused_saying_what_it_is(tmp_path):
     """A FIFO (opened without blocking), a directory and /dev/null all open; ``fstat`` then says what they
     are. Written for: the kind looked up from something other than the mode."""

@@ -260,6 +260,7 @@ def test_integer_label_errors_name_the_label_cut_at_40_characters(tmp_path):
 # ----------------------------------------------------------------------------- files that are not list files
 
 
+@pytest.mark.timeout(30)  # a FIFO opened without O_NONBLOCK would wait for a writer forever
 def test_what_is_not_a_regular_readable_file_is_refused_naming_it(tmp_path):
     """Kills: the path left out of the messages, ``what`` (``list file``) changed, the file kind not named,
     the OS's reason replaced by the exception's text, a FIFO opened blocking (the test would hang)."""
@@ -554,6 +555,7 @@ def test_more_class_folders_than_max_classes_are_refused_naming_the_count(tmp_pa
     assert str(e.value) == f"SRC {src}: 4 class folders; at most 3 classes (MAX_CLASSES) are supported"
 
 
+@pytest.mark.timeout(30)  # a FIFO opened without O_NONBLOCK would wait for a writer forever
 def test_a_fifo_given_as_src_is_refused_saying_what_it_is(tmp_path):
     """Kills: the file's kind looked up from something other than its mode (a TypeError then)."""
     from fastload.packing.sources import open_source
@@ -682,3 +684,37 @@ def test_a_list_sources_fingerprint_changes_with_a_skipped_rows_reason(tmp_path)
     lst.write_text("a.jpg,cat\nalone\nb.jpg,dog\n")
     other = read_list(lst, on_error="skip").fingerprint()
     assert one != other and read_list(lst, on_error="skip").fingerprint() == other
+
+
+def test_an_indented_comment_does_not_choose_a_whitespace_lists_delimiter(tmp_path):
+    """A list file of another suffix takes its delimiter from its first data row; an indented comment that
+    holds a comma comes first but is a comment, so the rows stay split at their last space. Kills: the
+    comment test on the right-stripped line (the comment's comma then makes the file CSV, and every
+    ``path label`` row one cell)."""
+    lst = tmp_path / "l.txt"
+    lst.write_text("   # photos, by breed\na.jpg cat\nb.jpg dog\n")
+    src = read_list(lst)
+    assert rows_of(src) == [("a.jpg", "cat"), ("b.jpg", "dog")] and src.classes == ["cat", "dog"]
+
+
+def test_an_int_label_with_an_item_method_is_its_own_value():
+    """An ``int`` (here a subclass that also has an ``.item()``) is taken as the integer it is; only what is
+    not an integer is asked for ``.item()``. Kills: ``or`` for ``and`` in that test (the subclass's
+    ``.item()``, 99, would become the label)."""
+    from fastload.packing.sources import DatasetSource
+
+    class Code(int):
+        def item(self):
+            return 99
+
+    assert DatasetSource(Items([(b"\xff\xd8", Code(3))])).task(0)[2] == 3
+
+
+def test_crlf_line_ends_are_one_line_end_each(tmp_path):
+    """A list saved with Windows line ends: a bad row is named by its own line number, and a quoted path
+    over two lines keeps one line end. Kills: ``\\r\\n`` not replaced before ``\\r`` (each CRLF then two line
+    ends: the bad row named as line 3, the quoted path holding ``\\n\\n``)."""
+    lst = tmp_path / "l.csv"
+    lst.write_bytes(b'a.jpg,cat\r\nlonely\r\n"b\r\nc.jpg",dog\r\n')
+    src = read_list(lst, on_error="skip")
+    assert rows_of(src) == [("a.jpg", "cat"), (f"{lst}:2", "expected 'path,label', got ['lonely']"), ("b\nc.jpg", "dog")]

@@ -187,6 +187,7 @@ def test_file_kind_names_each_kind_of_file(mode: int, kind: str) -> None:
     assert files.file_kind(mode) == kind
 
 
+@pytest.mark.timeout(30)  # a FIFO opened without O_NONBLOCK would wait for a writer forever
 def test_stat_regular_refusals_say_what_the_file_is(tmp_path) -> None:
     """Directory, FIFO, dangling symlink, a NUL in the name, a file outside `within`: each with its errno and reason."""
     d = tmp_path / "d"
