@@ -91,7 +91,7 @@ declare -A TESTS=(
         tests/test_loader.py::test_state_dict_resume_yields_exactly_the_rest
         tests/test_loader.py::test_load_state_dict_refuses_mismatch"
     [fastload/dlcompat.py]="tests/test_oracles_dlcompat.py tests/test_dropin.py tests/test_oracles_sampler.py"
-    [fastload/transforms.py]="tests/test_oracles_transforms.py tests/test_transforms.py tests/test_autoaugment.py tests/test_chain_augment.py"
+    [fastload/transforms.py]="tests/test_oracles_transforms.py tests/test_oracles_transforms2.py tests/test_transforms.py tests/test_autoaugment.py tests/test_chain_augment.py"
     [fastload/host.py]="tests/test_oracles_host.py tests/test_host.py"
     [fastload/cache.py]="tests/test_oracles_cache.py tests/test_oracles_cache2.py tests/test_cache.py tests/test_cache_fidelity.py"
     [fastload/reader.py]="tests/test_oracles_reader.py tests/test_oracles_reader2.py tests/test_oracles_labels.py tests/test_reader.py tests/test_hostile_read.py tests/test_fields.py"
