@@ -561,6 +561,8 @@ def test_bad_samples_and_classes_are_refused_whole(tmp_path):
         ([(a, 0)], ["x", "x"], f"{d}: two classes have the same name; class names must be unique"),
         ([(a, 0)], [str(k) for k in range(MAX_CLASSES + 1)], f"{d}: {MAX_CLASSES + 1} classes; at most {MAX_CLASSES} (MAX_CLASSES) are supported"),
         ([(a, 0), (a,)], ["x"], f"{s}[1]: expected a (path, class_index) pair, got ('{a}',)"),
+        # a long item shown cut at 120 characters: "('" and 118 of its 200 letters
+        ([("q" * 200,)], ["x"], f"{s}[0]: expected a (path, class_index) pair, got ('" + "q" * 118),
         ([(3.5, 0)], ["x"], f"{s}[0]: path 3.5 is not a file path"),
         ([("", 0)], ["x"], f"{s}[0]: path '' is not a file path"),
         ([(a, True)], ["x"], f"{s}[0]: class index True is not an integer"),
