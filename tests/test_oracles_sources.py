@@ -718,3 +718,132 @@ def test_crlf_line_ends_are_one_line_end_each(tmp_path):
     lst.write_bytes(b'a.jpg,cat\r\nlonely\r\n"b\r\nc.jpg",dog\r\n')
     src = read_list(lst, on_error="skip")
     assert rows_of(src) == [("a.jpg", "cat"), (f"{lst}:2", "expected 'path,label', got ['lonely']"), ("b\nc.jpg", "dog")]
+
+
+def test_a_bad_row_is_an_item_named_and_shown_by_its_file_and_line(tmp_path):
+    """With ``on_error="skip"`` a bad row is an item whose path, stored name and ``where`` are all
+    ``LISTFILE:LINE``, label 0, and its reason. Kills: any of the three left None."""
+    from fastload.packing.sources import FileItem
+
+    lst = tmp_path / "l.csv"
+    lst.write_text("a.jpg,cat\nlonely\n")
+    src = read_list(lst, on_error="skip")
+    at = f"{lst}:2"
+    assert src.items[1] == FileItem(at, at, 0, "expected 'path,label', got ['lonely']", at)
+
+
+@pytest.mark.parametrize(
+    "cell, shown",
+    [
+        ("p" * 196, "['" + "p" * 196 + "']"),  # its repr is 200 characters: shown whole
+        # 201: reprlib's cut of the string's repr to 30 characters: its first 13 ("'" and 12), "...", its last 14
+        ("p" * 197, "['" + "p" * 12 + "..." + "p" * 13 + "']"),
+    ],
+)
+def test_a_bad_row_is_shown_whole_up_to_200_characters_and_cut_past_them(tmp_path, cell, shown):
+    """The refused row as Python writes it while that takes at most 200 characters, else as ``reprlib`` cuts
+    it (a string's repr to its first 13 and last 14 characters). Kills: the cut never made, made at 200 or at 202,
+    or made of nothing (``reprlib.repr(None)``)."""
+    lst = tmp_path / "l.csv"
+    lst.write_text(f"a.jpg,cat\n{cell}\n")
+    src = read_list(lst, on_error="skip")
+    assert rows_of(src)[1] == (f"{lst}:2", f"expected 'path,label', got {shown}")
+
+
+def test_a_walk_goes_on_past_a_symlink_loop_and_a_folder_it_cannot_list(tmp_path, monkeypatch):
+    """In one class folder: a symlink back to the folder (a loop, not followed), then a sub-folder that cannot
+    be listed (``os.scandir`` refuses it, as it does a folder without read permission), then one that can.
+    The images after both are still found. Kills: ``break`` for ``continue`` after the loop or after the
+    folder that cannot be listed (the rest of the walk dropped)."""
+    from fastload.packing.sources import scan_folder
+
+    cat = tmp_path / "src" / "cat"
+    cat.mkdir(parents=True)
+    (cat / "a.jpg").write_bytes(b"")
+    os.symlink(cat, cat / "a_back")
+    (cat / "m").mkdir()
+    (cat / "m" / "hidden.jpg").write_bytes(b"")
+    (cat / "z").mkdir()
+    (cat / "z" / "y.jpg").write_bytes(b"")
+    real = os.scandir
+    blocked = str(cat / "m")
+
+    class Listing:
+        """A folder's entries in name order (the file system's own order is arbitrary), so the loop comes
+        before its siblings."""
+
+        def __init__(self, path):
+            with real(path) as it:
+                self.entries = iter(sorted(it, key=lambda e: e.name))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return next(self.entries)
+
+    def scandir(path="."):
+        if os.fspath(path) == blocked:
+            raise PermissionError(13, "Permission denied", blocked)
+        return Listing(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    src = scan_folder(tmp_path / "src")
+    assert [(it.name, it.label, it.error) for it in src.items] == [("cat/a.jpg", 0, None), ("cat/z/y.jpg", 0, None)]
+
+
+def test_a_symlink_to_itself_with_an_image_name_is_an_item(tmp_path):
+    """A symlink that points at itself is neither a folder nor a regular file the listing can see: it stays
+    an item (its read fails later, as a bad sample). Kills: an entry whose ``is_dir()`` fails taken for a
+    folder (the image then vanishes from the walk)."""
+    from fastload.packing.sources import scan_folder
+
+    cat = tmp_path / "src" / "cat"
+    cat.mkdir(parents=True)
+    (cat / "a.jpg").write_bytes(b"")
+    os.symlink(cat / "loop.jpg", cat / "loop.jpg")
+    src = scan_folder(tmp_path / "src")
+    assert [it.name for it in src.items] == ["cat/a.jpg", "cat/loop.jpg"]
+
+
+@pytest.mark.timeout(30)  # a FIFO opened without O_NONBLOCK would wait for a writer forever
+def test_an_image_name_that_is_no_regular_file_is_an_item_with_its_name_label_and_reason(tmp_path):
+    """A FIFO named like an image in the second class folder: an item with its path, its stored name relative
+    to SRC, label 1 and the reason. Kills: the name or the label of such an item left None."""
+    from fastload.packing.sources import FileItem, scan_folder
+
+    (tmp_path / "src" / "cat").mkdir(parents=True)
+    (tmp_path / "src" / "cat" / "a.jpg").write_bytes(b"")
+    (tmp_path / "src" / "dog").mkdir()
+    os.mkfifo(tmp_path / "src" / "dog" / "pipe.jpg")
+    src = scan_folder(tmp_path / "src")
+    path = str(tmp_path / "src" / "dog" / "pipe.jpg")
+    assert src.items[1] == FileItem(path, "dog/pipe.jpg", 1, "not a regular file (FIFO)")
+
+
+def test_a_folder_source_that_is_no_folder_is_refused_whole(tmp_path):
+    """Kills: the 'cannot list the folder' message replaced by None."""
+    from fastload.packing.sources import scan_folder
+
+    f = tmp_path / "a.jpg"
+    f.write_bytes(b"")
+    with pytest.raises(ConfigError) as e:
+        scan_folder(f)
+    assert str(e.value) == f"SRC {f}: cannot list the folder: Not a directory"
+
+
+def test_exactly_max_classes_class_names_are_accepted(monkeypatch):
+    """The bound on a dataset's class names is inclusive. Kills: ``>=`` for ``>``."""
+    import fastload.packing.sources as sources
+
+    monkeypatch.setattr(sources, "MAX_CLASSES", 3)
+    assert sources.class_names(None, ["a", "b", "c"]) == ["a", "b", "c"]
+    with pytest.raises(ConfigError) as e:
+        sources.class_names(None, ["a", "b", "c", "d"])
+    assert str(e.value) == "classes: more than 3 class names; at most 3 (MAX_CLASSES) are supported"
