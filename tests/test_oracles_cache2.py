@@ -1057,10 +1057,18 @@ def test_exactly_max_classes_classes_are_accepted(tmp_path):
 
 
 def test_a_path_that_is_no_path_is_shown_cut_at_120(tmp_path):
-    """An int of 131 digits as a path: its repr cut to 120 characters, ``1`` and 119 zeros."""
+    """An int of 131 digits as a path: its repr cut to 120 characters, ``1`` and 119 zeros; the same cut for a
+    path with a NUL and one that cannot be encoded. Kills: a cut at 121 in any of the three messages."""
     with pytest.raises(ConfigError) as e:
         file_list(Files(tmp_path, [(10**130, 0)], ["k"]))
     assert str(e.value) == f"Files({tmp_path}).samples[0]: path 1{'0' * 119} is not a file path"
+    # a long path with a NUL, and one with a lone surrogate: their reprs cut the same way, "'/" and 118 letters
+    with pytest.raises(ConfigError) as e:
+        file_list(Files(tmp_path, [("/" + "a" * 200 + "\0", 0)], ["k"]))
+    assert str(e.value) == f"Files({tmp_path}).samples[0]: path '/{'a' * 118} is not a file path"
+    with pytest.raises(ConfigError) as e:
+        file_list(Files(tmp_path, [("/" + "a" * 200 + "\ud800", 0)], ["k"]))
+    assert str(e.value) == f"Files({tmp_path}).samples[0]: path '/{'a' * 118} is not a file path (it cannot be encoded)"
 
 
 def test_a_private_staging_is_named_for_the_host_made_safe(tmp_path, monkeypatch):
@@ -1123,3 +1131,47 @@ def test_a_path_the_list_file_would_change_is_packed_as_bytes(tmp_path, caplog):
     packed = fastload.Dataset(entry)
     assert [packed.source_path(i) for i in range(2)] == ["dataset[0]", "dataset[1]"]
     assert colours(entry) == [(0, 0), (1, 1)]
+
+
+def test_the_lock_file_is_created_with_the_permissions_the_umask_leaves_of_rw(tmp_path):
+    """``<entry>.lock`` is created 0o666 less the umask, as a file should be (0o664 under umask 002, a cache
+    a group shares), never executable. Kills: the mode argument of its ``os.open`` dropped (0o777: 0o775)."""
+    folder = ImageFolder(str(bmp_folder(tmp_path / "imgs")))
+    old = os.umask(0o002)
+    try:
+        entry = cached_pack(folder, cache_dir=tmp_path / "c", progress=False)
+    finally:
+        os.umask(old)
+    assert oct(os.stat(entry.with_name(entry.name + ".lock")).st_mode & 0o777) == oct(0o664)
+
+
+def test_a_sample_that_cannot_be_opened_is_named_with_why(tmp_path):
+    """A sample that is a dangling symlink, packed as bytes (class names ``1``, ``10``): the pack fails naming
+    the sample, its path and the operating system's reason. Kills: that OSError's message replaced by None."""
+    root = bmp_folder(tmp_path / "imgs")
+    files = sorted(str(p) for p in root.rglob("*.bmp"))
+    dangling = tmp_path / "dangling.bmp"
+    os.symlink(tmp_path / "gone.bmp", dangling)
+    ds = Files(root, [(files[0], 0), (str(dangling), 1)], ["1", "10"])
+    with pytest.raises(PackError) as e:
+        cached_pack(ds, cache_dir=tmp_path / "c", progress=False)
+    assert f"dataset[1]: dataset raised OSError: {dangling}: cannot open it ({os.strerror(errno.ENOENT)});" in str(e.value)
+
+
+def test_an_entry_of_other_pixels_is_refused_naming_them(tmp_path):
+    """An entry whose manifest says other pixels than pil_loader's (``options.pixels`` edited to ``PIL 9``):
+    refused, the message showing the value found. Kills: another key looked up for the message (None shown)."""
+    import json
+
+    folder = ImageFolder(str(bmp_folder(tmp_path / "imgs")))
+    c = tmp_path / "c"
+    entry = cached_pack(folder, cache_dir=c, progress=False)
+    m = json.loads((entry / "manifest.json").read_text())
+    m["options"]["pixels"] = "PIL 9"
+    (entry / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(FormatError) as e:
+        cached_pack(folder, cache_dir=c, progress=False)
+    assert str(e.value) == (
+        f"cache entry {entry} does not hold ImageFolder({tmp_path / 'imgs'}): it was not packed with the pixels of "
+        "torchvision's pil_loader (options.pixels 'PIL 9'); remove it and run again"
+    )
