@@ -493,18 +493,22 @@ class Dataset:
             i = self._index(index)
             k = bisect.bisect_right(self._firsts, i) - 1
             f = self._file(k)
-            try:
+            try:  # the file's own errors (a failed read, a missing record) name the shard and sample already
                 value, n, off = f.read(i, _HEAD)
+            except DamagedShardError as e:
+                raise CorruptDataError(f"{e}; run `fastload verify {self.path}`") from None
+            try:
                 header = decode_header(value if len(value) == n else ValueHead(value, n), where="")
-                start = fields_offset(header)
-                block = value[start:] if len(value) == n else f.pread(off + start, n - start, i)
                 if header.version != FIELDS_RECORD_VERSION or not stored:
                     out.append(record_field_values(b"", header, stored, where=""))  # says what is wrong
                     continue
-                out.append(decode_block(stored, block, check=self.check, where=""))
-            except DamagedShardError as e:
-                raise CorruptDataError(f"{e}; run `fastload verify {self.path}`") from None
+                start = fields_offset(header)
             except CorruptDataError as e:  # the sample named only now: a path join per sample costs a fifth of the read
+                raise CorruptDataError(f"{self._where(k, i)}{e}") from None
+            block = value[start:] if len(value) == n else f.pread(off + start, n - start, i)
+            try:
+                out.append(decode_block(stored, block, check=self.check, where=""))
+            except CorruptDataError as e:
                 raise CorruptDataError(f"{self._where(k, i)}{e}") from None
         return out
 
