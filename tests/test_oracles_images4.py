@@ -148,3 +148,80 @@ def test_a_regular_file_whose_read_fails_is_refused_with_the_os_error():
     ``unreadable (Input/output error)``. Written for: the read error's text lost from the reason."""
     r = process_task(("file", "/proc/self/mem", 0, "n", "w"), ImageOptions())
     assert r == ("skip", "w", "unreadable (Input/output error)")
+
+
+def test_a_socket_is_refused_as_not_a_regular_file(tmp_path):
+    """A Unix socket cannot be opened at all; its mode then says what it is: ``not a regular file
+    (socket)``. Written for: the reason lost when the open fails."""
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.bind(str(tmp_path / "s.jpg"))
+        r = process_task(("file", str(tmp_path / "s.jpg"), 0, "n", "w"), ImageOptions())
+    finally:
+        s.close()
+    assert r == ("skip", "w", "not a regular file (socket)")
+
+
+def test_a_strip_past_the_aspect_ratio_is_refused_with_its_resize_written_out():
+    """A 1x1366 array: Resize(256) would make it 349696x256 = 89522176 pixels, more than 89478485, so it is
+    refused with that whole message (no "stored" size: it is not shrunk). Written for: the product taken
+    as a quotient, the stored size shown or misnamed for an image kept at its size."""
+    r = process_task(("array", np.zeros((1, 1366), np.uint8), 0, "n", "w"), ImageOptions())
+    assert r == ("skip", "w", (
+        "1366x1 pixels: aspect ratio above 1365:1 (MAX_ASPECT_RATIO): resizing its shorter side to 256 pixels, "
+        "as an evaluation Resize(256) does, would make it 349696x256 = 89522176 pixels, more than 89478485; "
+        "crop or split it"))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the header walks
+
+
+_SOF0 = _seg(0xC0, struct.pack(">BHHB", 8, 30, 40, 3) + bytes([1, 0x11, 0, 2, 0x11, 1, 3, 0x11, 1]))
+_SOS = _seg(0xDA, bytes([3, 1, 0, 2, 0x11, 3, 0x11, 0, 63, 0]))
+
+
+def test_sof_offsets_steps_over_soi_and_lengths_and_stops_at_eoi():
+    """``_sof_offsets`` steps over a stray SOI (no length) and an APP0 of length 0x0102 (offsets by hand),
+    and stops at EOI even when two bytes after it could be a length. Written for: SOI taken for a segment,
+    the length's high byte lost, EOI walked past."""
+    from fastload.packing.images import _sof_offsets
+
+    assert _sof_offsets(b"\xff\xd8\xff\xd8\xff\xc0\x00\x11") == [4]
+    assert _sof_offsets(b"\xff\xd8\xff\xe0\x01\x02" + b"x" * 256 + b"\xff\xc0\x00\x11") == [262]
+    assert _sof_offsets(b"\xff\xd8\xff\xd9\x00\x02\xff\xc0\x00\x11") == []
+
+
+def test_scan_jpeg_walk_tem_eoi_and_the_buffers_end():
+    """``scan_jpeg``: a frame after TEM (FF 01, no length) is found; one after an EOI is not (None); three
+    trailing fill bytes give None without reading past the end. Written for: TEM taken for a segment, EOI
+    stepped over, the walk's bound loosened past the end."""
+    from fastload.packing.images import scan_jpeg
+
+    assert scan_jpeg(memoryview(b"\xff\xd8\xff\x01" + _SOF0 + _SOS)) == (40, 30, False)
+    assert scan_jpeg(memoryview(b"\xff\xd8\xff\xd9" + _SOF0 + _SOS)) is None
+    assert scan_jpeg(memoryview(b"\xff\xd8\xff\xff\xff")) is None
+
+
+def test_scan_jpeg_refuses_a_zero_height_and_takes_a_short_frame_header():
+    """A frame of height 0 (width 40) is refused (None); a frame header of length 8 (its four fields, no
+    component table) is still read. Written for: both sides needed zero to refuse, the length bound off."""
+    from fastload.packing.images import scan_jpeg
+
+    zero_h = _seg(0xC0, struct.pack(">BHHB", 8, 0, 40, 3) + bytes([1, 0x11, 0, 2, 0x11, 1, 3, 0x11, 1]))
+    assert scan_jpeg(memoryview(b"\xff\xd8" + zero_h + _SOS)) is None
+    short = _seg(0xC0, struct.pack(">BHHB", 8, 30, 40, 3))
+    assert scan_jpeg(memoryview(b"\xff\xd8" + short + _SOS)) == (40, 30, False)
+
+
+def test_scan_jpeg_reads_only_the_first_exif_up_to_its_segments_end():
+    """An Exif with Orientation 1 whose IFD0 ends exactly at the segment's end is read (the frame is
+    returned); a second Exif saying 6 is ignored, as PIL ignores it. Written for: the segment's end taken
+    4 bytes short, the second Exif read."""
+    from fastload.packing.images import scan_jpeg
+
+    tiff = b"II" + struct.pack("<HI", 42, 8) + struct.pack("<H", 1) + struct.pack("<HHIHH", 0x0112, 3, 1, 1, 0)
+    first = _seg(0xE1, b"Exif\0\0" + tiff)
+    second, _ = _exif6()
+    assert scan_jpeg(memoryview(b"\xff\xd8" + first + second + _SOF0 + _SOS)) == (40, 30, False)
