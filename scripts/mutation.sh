@@ -99,7 +99,7 @@ declare -A TESTS=(
         tests/test_truncated_checks.py
         tests/test_oracles_reader.py::test_read_batch_across_shard_boundaries_reads_each_records_own_pixels
         tests/test_reader.py::test_random_access_and_index_rules"
-    [fastload/packing/images.py]="tests/test_oracles_images.py tests/test_oracles_images2.py tests/test_oracles_images3.py tests/test_oracles_fastfile.py tests/test_pack_pixels.py tests/test_big_images.py tests/test_input_pack.py tests/test_cache_fidelity.py"
+    [fastload/packing/images.py]="tests/test_oracles_images.py tests/test_oracles_images2.py tests/test_oracles_images3.py tests/test_oracles_images4.py tests/test_oracles_fastfile.py tests/test_pack_pixels.py tests/test_big_images.py tests/test_input_pack.py tests/test_cache_fidelity.py"
     [fastload/packing/sources.py]="tests/test_oracles_sources.py tests/test_sources.py tests/test_input_pack.py"
     [fastload/profile.py]="tests/test_oracles_profile.py tests/test_profile.py"
     [fastload/bench/report.py]="tests/test_oracles_report.py"
