@@ -225,3 +225,37 @@ def test_scan_jpeg_reads_only_the_first_exif_up_to_its_segments_end():
     first = _seg(0xE1, b"Exif\0\0" + tiff)
     second, _ = _exif6()
     assert scan_jpeg(memoryview(b"\xff\xd8" + first + second + _SOF0 + _SOS)) == (40, 30, False)
+
+
+def test_a_jpeg_side_of_exactly_the_decoders_limit_is_packed():
+    """A 65500x48 JPEG (a side of exactly JPEG_MAX_SIDE, within the aspect-ratio bound) is packed, not refused:
+    libjpeg reads sides up to 65500 inclusive. Kills: ``>=`` for ``>`` in the JPEG side check."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (65500, 48), (10, 20, 30)).save(buf, "JPEG")
+    out = process_task(("bytes", buf.getvalue(), 0, "n", "w"), ImageOptions())
+    assert isinstance(out, bytes)
+
+
+@pytest.mark.parametrize("shape, size", [((5, 0, 3), "0x5"), ((0, 5, 3), "5x0")])
+def test_an_array_with_no_width_or_no_height_is_refused_as_an_invalid_size(shape, size):
+    """Kills: ``w < 0`` for ``w <= 0`` (a width of 0 then passes the size check)."""
+    import numpy as np
+
+    assert process_task(("array", np.zeros(shape, np.uint8), 0, "n", "w"), ImageOptions()) == ("skip", "w", f"invalid image size {size}")
+
+
+@pytest.mark.parametrize("w, h", [(3, 5), (5, 3), (2, 7), (7, 2), (6, 6), (255, 256)])
+def test_eval_resize_pixels_is_torchvisions_resize(w, h):
+    """The size ``Resize(256)`` gives a ``w x h`` image, taken from torchvision resizing a tensor of that
+    size. Kills: the long side computed as ``short / h / w``."""
+    import torch
+    from torchvision.transforms import functional as F
+
+    from fastload.packing.images import eval_resize_pixels
+
+    out = F.resize(torch.zeros(1, h, w), 256, antialias=False)
+    assert eval_resize_pixels(w, h) == (out.shape[2], out.shape[1])
