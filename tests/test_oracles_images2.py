@@ -654,7 +654,7 @@ def test_a_jpeg_whose_decoding_fails_is_refused_as_corrupt_with_the_decoders_wor
     assert process_task(("bytes", raw, 0, "n", "w"), ImageOptions()) == ("skip", "w", f"corrupt JPEG ({e.value})")
 
 
-def _grows_after_fstat(monkeypatch, more: bytes) -> None:
+def grows_after_fstat(monkeypatch, more: bytes) -> None:
     """The file being read grows by ``more`` right after its ``fstat`` (made to happen then, by a write
     from inside the open: anywhere else it is a race)."""
     import fastload.packing.images as images
@@ -677,7 +677,7 @@ def test_a_file_that_grew_after_its_fstat_is_read_whole(tmp_path, monkeypatch):
     raw = _jpeg(coords(16, 24))
     p = tmp_path / "a.jpg"
     p.write_bytes(raw[: len(raw) // 2])
-    _grows_after_fstat(monkeypatch, raw[len(raw) // 2 :])
+    grows_after_fstat(monkeypatch, raw[len(raw) // 2 :])
     out = process_task(("file", str(p), 0, "n", "w"), ImageOptions())
     assert isinstance(out, bytes), out
     assert record_payload(out, decode_header(out)) == raw
@@ -689,7 +689,7 @@ def test_a_file_that_grew_past_the_limit_is_refused_with_the_bytes_read(tmp_path
     refused with that count. Written for: the count left out of the reason."""
     p = tmp_path / "a.jpg"
     p.write_bytes(b"\xff" * 100)
-    _grows_after_fstat(monkeypatch, b"\0" * (16777224 + 1000 - 100))
+    grows_after_fstat(monkeypatch, b"\0" * (16777224 + 1000 - 100))
     assert process_task(("file", str(p), 0, "n", "w"), ImageOptions(max_pixels=1)) == ("skip", "w", (
         "file too large: 16777225 bytes, more than the 16777224 bytes an image within --max-pixels 1 can need "
         "(8 bytes per pixel + 16 MiB)"))  # fmt: skip

@@ -40,6 +40,8 @@ from fastload.packing.images import (
     upright_tag,
 )
 
+from test_oracles_images2 import grows_after_fstat
+
 
 def coords(h: int, w: int) -> np.ndarray:
     """R = x, G = y, B = 7x + 3y (mod 256): every pixel says where it is."""
@@ -335,26 +337,13 @@ def test_a_strip_too_long_for_the_evaluation_resize_is_refused_with_its_sizes():
 # ----------------------------------------------------------------------------- reading files
 
 
-def _grows_after_fstat(monkeypatch, more: bytes) -> None:
-    """The file being read grows by ``more`` right after its ``fstat`` (by a write from inside the open)."""
-    real = images._open_image_file
-
-    def opened(path, opts):
-        fd, size = real(path, opts)
-        with open(path, "ab") as f:
-            f.write(more)
-        return fd, size
-
-    monkeypatch.setattr(images, "_open_image_file", opened)
-
-
 def test_a_file_of_the_limit_that_then_grows_is_refused(tmp_path, monkeypatch):
     """``--max-pixels 1``: the limit is 16777224 bytes. A file of exactly that many when ``fstat`` sees it
     that then grows by 1000 is read one byte past the limit and refused with 16777225. Written for: the
     read stopping at the limit (the growth never seen)."""
     p = tmp_path / "a.jpg"
     p.write_bytes(b"\0" * 16777224)
-    _grows_after_fstat(monkeypatch, b"\0" * 1000)
+    grows_after_fstat(monkeypatch, b"\0" * 1000)
     assert process_task(("file", str(p), 0, "n", "w"), ImageOptions(max_pixels=1)) == ("skip", "w", (
         "file too large: 16777225 bytes, more than the 16777224 bytes an image within --max-pixels 1 can need "
         "(8 bytes per pixel + 16 MiB)"))  # fmt: skip
@@ -368,7 +357,7 @@ def test_a_file_that_grew_is_read_in_large_reads(tmp_path, monkeypatch):
     data = rng.integers(0, 256, 300_100, np.uint8).tobytes()
     p = tmp_path / "a.bin"
     p.write_bytes(data[:100])
-    _grows_after_fstat(monkeypatch, data[100:])
+    grows_after_fstat(monkeypatch, data[100:])
     reads: list[int] = []
 
     class Counted:
