@@ -238,7 +238,7 @@ def test_a_mode_pil_cannot_convert_is_refused_naming_it():
 # ----------------------------------------------------------------------------- the Exif Orientation entry
 
 
-def _ifd(order: bytes, entries, *, ifd: int = 8) -> bytes:
+def tiff_ifd(order: bytes, entries, *, ifd: int = 8) -> bytes:
     """TIFF 6.0 section 2: header, IFD0 at ``ifd``, its entries ``(tag, type, count, 4 value bytes)``."""
     e = "<" if order == b"II" else ">"
     out = order + struct.pack(e + "HI", 42, ifd) + b"\0" * (ifd - 8) + struct.pack(e + "H", len(entries))
@@ -262,7 +262,7 @@ def test_the_ifd0_orientation_entry_is_found_at_its_offset(order, prefix):
     e = "<" if order == b"II" else ">"
     pre = b"\xaa" * prefix
     make = (0x010F, 2, 4, b"abcd")
-    tiff = _ifd(order, [make, (0x0112, 3, 1, _short(order, 6))])
+    tiff = tiff_ifd(order, [make, (0x0112, 3, 1, _short(order, 6))])
     b = pre + tiff
     t = prefix
     assert _ifd0_orientation(b, t, len(b)) == (t + 10 + 12, 3, 1, e)
@@ -272,7 +272,7 @@ def test_the_ifd0_orientation_entry_is_found_at_its_offset(order, prefix):
     end = t + 10 + 24
     assert _ifd0_orientation(b, t, end) == (t + 22, 3, 1, e)
     assert _ifd0_orientation(b, t, end - 1) is None
-    none = pre + _ifd(order, [make])
+    none = pre + tiff_ifd(order, [make])
     assert _ifd0_orientation(none, t, len(none)) == 1 and _exif_orientation(memoryview(none), t, len(none)) == 1
     assert _orientation_entry(none, t, len(none)) is None
     empty = pre + order + struct.pack(e + "HI", 42, 8) + struct.pack(e + "H", 0)  # 10 bytes: IFD0 of no entry
@@ -293,10 +293,10 @@ def test_an_orientation_that_is_not_one_short_is_not_read(order):
     """An Orientation entry of type LONG reads as unreadable (None); one SHORT of count 2 is read but has
     no single value to rewrite. Written for: the type test inverted, the count test dropped."""
     e = "<" if order == b"II" else ">"
-    long_ = _ifd(order, [(0x0112, 4, 1, struct.pack(e + "I", 6))])
+    long_ = tiff_ifd(order, [(0x0112, 4, 1, struct.pack(e + "I", 6))])
     assert _exif_orientation(memoryview(long_), 0, len(long_)) is None
     assert _orientation_entry(long_, 0, len(long_)) is None
-    two = _ifd(order, [(0x0112, 3, 2, _short(order, 6)[:2] + _short(order, 6)[:2])])
+    two = tiff_ifd(order, [(0x0112, 3, 2, _short(order, 6)[:2] + _short(order, 6)[:2])])
     assert _exif_orientation(memoryview(two), 0, len(two)) == 6
     assert _orientation_entry(two, 0, len(two)) is None
 
@@ -323,9 +323,9 @@ def test_upright_tag_sets_only_the_orientation_value_to_1(order, v):
     offset or byte order, another value written, a segment skipped."""
     jpg = _jpeg(coords(16, 24))
     e = "<" if order == b"II" else ">"
-    tiff = _ifd(order, [(0x010F, 2, 4, b"abcd"), (0x0112, 3, 1, _short(order, v))])
+    tiff = tiff_ifd(order, [(0x010F, 2, 4, b"abcd"), (0x0112, 3, 1, _short(order, v))])
     exif = _seg(0xE1, b"Exif\0\0" + tiff)
-    second = _seg(0xE1, b"Exif\0\0" + _ifd(order, [(0x0112, 3, 1, _short(order, 8))]))
+    second = _seg(0xE1, b"Exif\0\0" + tiff_ifd(order, [(0x0112, 3, 1, _short(order, 8))]))
     lead = b"\xff\xff\xff\xd0" + _seg(0xE0, b"JFIF\0\1\1\0\0\1\0\1\0\0") + _seg(0xE1, b"http://ns.adobe.com/xap/1.0/\0" + b"x" * 300)
     raw = jpg[:2] + lead + exif + second + jpg[2:]
     at = 2 + len(lead) + 4 + 6 + 10 + 12 + 8  # SOI, lead, FFE1 + length, "Exif\0\0", TIFF header + count, entry 0
@@ -344,15 +344,15 @@ def test_upright_tag_leaves_a_jpeg_without_a_single_short_orientation_unchanged(
     a missing entry written anyway."""
     jpg = _jpeg(coords(16, 24))
     assert upright_tag(jpg) == jpg
-    no = jpg[:2] + _seg(0xE1, b"Exif\0\0" + _ifd(b"MM", [(0x010F, 2, 4, b"abcd")])) + jpg[2:]
+    no = jpg[:2] + _seg(0xE1, b"Exif\0\0" + tiff_ifd(b"MM", [(0x010F, 2, 4, b"abcd")])) + jpg[2:]
     assert upright_tag(no) == no
-    long_ = jpg[:2] + _seg(0xE1, b"Exif\0\0" + _ifd(b"MM", [(0x0112, 4, 1, struct.pack(">I", 6))])) + jpg[2:]
+    long_ = jpg[:2] + _seg(0xE1, b"Exif\0\0" + tiff_ifd(b"MM", [(0x0112, 4, 1, struct.pack(">I", 6))])) + jpg[2:]
     assert upright_tag(long_) == long_
-    seg = _seg(0xE1, b"Exif\0\0" + _ifd(b"II", [(0x010F, 2, 4, b"abcd"), (0x0112, 3, 1, _short(b"II", 6))]))
+    seg = _seg(0xE1, b"Exif\0\0" + tiff_ifd(b"II", [(0x010F, 2, 4, b"abcd"), (0x0112, 3, 1, _short(b"II", 6))]))
     cut = jpg[:2] + seg[:-10]  # the file ends inside the second entry
     assert upright_tag(cut) == cut
     i = jpg.index(b"\xff\xda")
-    after = jpg[:i] + b"\xff\xda" + _seg(0xE1, b"Exif\0\0" + _ifd(b"II", [(0x0112, 3, 1, _short(b"II", 6))]))[2:]
+    after = jpg[:i] + b"\xff\xda" + _seg(0xE1, b"Exif\0\0" + tiff_ifd(b"II", [(0x0112, 3, 1, _short(b"II", 6))]))[2:]
     assert upright_tag(after) == after
 
 
@@ -508,7 +508,7 @@ def test_upright_tag_walks_lengths_of_both_bytes_and_stops_at_a_non_marker():
     byte that is no marker ends the walk (an Exif after it is not rewritten). Written for: the length's
     high byte misread, the walk going on past a non-marker, a segment stepped backwards."""
     jpg = _jpeg(coords(16, 24))
-    exif = _seg(0xE1, b"Exif\0\0" + _ifd(b"II", [(0x0112, 3, 1, _short(b"II", 6))]))
+    exif = _seg(0xE1, b"Exif\0\0" + tiff_ifd(b"II", [(0x0112, 3, 1, _short(b"II", 6))]))
     raw = jpg[:2] + _seg(0xE2, b"y" * 306) + exif + jpg[2:]
     out = upright_tag(raw)
     at = 2 + 310 + 4 + 6 + 10 + 8
@@ -570,7 +570,7 @@ def test_upright_tag_reads_the_exif_only_within_its_segments_length():
     is past the segment, so nothing is rewritten (the bytes after the segment are not the Exif's).
     Written for: the segment's end taken one byte too far."""
     jpg = _jpeg(coords(16, 24))
-    tiff = _ifd(b"II", [(0x0112, 3, 1, _short(b"II", 6))])[:-4]  # no next-IFD offset: the entry ends the body
+    tiff = tiff_ifd(b"II", [(0x0112, 3, 1, _short(b"II", 6))])[:-4]  # no next-IFD offset: the entry ends the body
     body = b"Exif\0\0" + tiff
     raw = jpg[:2] + b"\xff\xe1" + struct.pack(">H", 2 + len(body) - 1) + body + jpg[2:]
     assert upright_tag(raw) == raw

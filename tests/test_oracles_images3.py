@@ -40,27 +40,12 @@ from fastload.packing.images import (
     upright_tag,
 )
 
-from test_oracles_images2 import grows_after_fstat
-
-
-def coords(h: int, w: int) -> np.ndarray:
-    """R = x, G = y, B = 7x + 3y (mod 256): every pixel says where it is."""
-    yy, xx = np.mgrid[0:h, 0:w]
-    return np.stack([xx % 256, yy % 256, (7 * xx + 3 * yy) % 256], axis=-1).astype(np.uint8)
+from test_oracles_images2 import coords, grows_after_fstat, tiff_ifd
 
 
 def _seg(marker: int, body: bytes) -> bytes:
     """ITU T.81 B.1.1.4: FF, the marker, a big-endian length counting itself, the body."""
     return bytes([0xFF, marker]) + struct.pack(">H", 2 + len(body)) + body
-
-
-def _ifd(order: bytes, entries, *, ifd: int = 8) -> bytes:
-    """TIFF 6.0 section 2: header, IFD0 at ``ifd``, its entries ``(tag, type, count, 4 value bytes)``."""
-    e = "<" if order == b"II" else ">"
-    out = order + struct.pack(e + "HI", 42, ifd) + b"\0" * (ifd - 8) + struct.pack(e + "H", len(entries))
-    for tag, typ, count, value in entries:
-        out += struct.pack(e + "HHI", tag, typ, count) + value
-    return out + struct.pack(e + "I", 0)
 
 
 def _jpeg(a: np.ndarray, **save) -> bytes:
@@ -122,7 +107,7 @@ def test_the_orientation_entrys_type_and_count_are_read_unsigned(order):
     """An Orientation entry of type 65535 and count 4294967295 (the largest SHORT and LONG): returned as
     exactly those. Written for: the entry's fields read as signed (-1, -1)."""
     e = "<" if order == b"II" else ">"
-    b = _ifd(order, [(0x0112, 0xFFFF, 0xFFFFFFFF, b"\0\0\0\0")])
+    b = tiff_ifd(order, [(0x0112, 0xFFFF, 0xFFFFFFFF, b"\0\0\0\0")])
     assert _ifd0_orientation(b, 0, len(b)) == (10, 0xFFFF, 0xFFFFFFFF, e)
 
 
@@ -169,7 +154,7 @@ def test_scan_jpeg_reads_the_exif_only_within_its_segments_length():
     does: the entry is past the segment, the Exif unreadable, so None; its last byte is FF, so the walk
     would go on (a fill byte) to SOF0 and SOS. Declared whole, the same header is plain: (40, 30, False).
     Written for: the segment's end taken one byte too far."""
-    tiff = _ifd(b"II", [(0x0112, 3, 1, struct.pack("<H", 1) + b"\0\xff")])[:-4]  # the entry ends the body
+    tiff = tiff_ifd(b"II", [(0x0112, 3, 1, struct.pack("<H", 1) + b"\0\xff")])[:-4]  # the entry ends the body
     body = b"Exif\0\0" + tiff
     rest = _sof0(40, 30) + _SOS
     cut = b"\xff\xd8\xff\xe1" + struct.pack(">H", 2 + len(body) - 1) + body + rest
@@ -235,7 +220,7 @@ def test_a_jpeg_wider_than_libjpeg_reads_is_refused_as_a_jpeg():
 
 
 def _tagged(order: bytes = b"II") -> bytes:
-    return _seg(0xE1, b"Exif\0\0" + _ifd(order, [(0x0112, 3, 1, struct.pack("<H", 6) + b"\0\0")]))
+    return _seg(0xE1, b"Exif\0\0" + tiff_ifd(order, [(0x0112, 3, 1, struct.pack("<H", 6) + b"\0\0")]))
 
 
 def test_upright_tag_steps_over_a_stray_soi():
