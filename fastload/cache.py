@@ -475,28 +475,46 @@ class _FileBytes:
             return f.read(self.limit + 1), self.labels[i]
 
 
-def _list_file(files: FileList, path: Path) -> bool:
-    """Write ``path,class name`` rows; True if the pack's own list parser reads back exactly these samples."""
+def _list_file(files: FileList, path: Path) -> str | None:
+    """Write ``path,class name`` rows; None if the pack's own list parser reads back exactly these samples,
+    else why not (a phrase for the log)."""
+    p, name = "", ""
     try:
         with open(path, "w", encoding="utf-8", newline="") as f:
             w = csv.writer(f, lineterminator="\n")
             w.writerow(["path", "label"])
             for p, lab in zip(files.paths, files.labels):
-                w.writerow([p, files.classes[lab]])
+                name = files.classes[lab]
+                w.writerow([p, name])
     except UnicodeEncodeError:  # a path or class name that is not valid text: not expressible in a list file
-        return False
+        bad = f"the path {printable(p)}" if _not_utf8(p) else f"the class name {printable(repr(name))}"
+        return f"{bad} is not UTF-8 text, which a list file holds"
     except OSError as e:
         raise PackError(f"cannot write the list of {files.desc} to the cache ({printable(str(path))}): {e.strerror}") from None
     try:
         src = read_list(path, on_error="fail")
     except ConfigError as e:
-        log.debug("the list file of %s does not read back (%s); packing the files as a dataset", files.desc, e)
-        return False
-    if src.classes != files.stored_classes or len(src.items) != len(files.paths):
-        return False
-    return all(
-        it.error is None and it.path == p and it.label == lab for it, p, lab in zip(src.items, files.paths, files.labels)
-    )
+        return f"its list file does not read back: {e}"
+    if src.classes != files.stored_classes:
+        return (
+            f"the class names read back from a list file as {printable(repr(src.classes))[:120]}, "
+            f"not {printable(repr(files.stored_classes))[:120]}"
+        )
+    for it, p in zip(src.items, files.paths):
+        if it.path != p:
+            return f"the path {printable(repr(p))} reads back from a list file as {printable(repr(it.path))}"
+    if len(src.items) != len(files.paths) or any(it.error is not None or it.label != lab for it, lab in zip(src.items, files.labels)):
+        return "its samples do not read back from a list file as they are"  # a safeguard: the checks above cover what is known
+    return None
+
+
+def _not_utf8(text: str) -> bool:
+    """True if ``text`` has no UTF-8 encoding (it holds a lone surrogate, as ``os.fsdecode`` makes of bad bytes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _verify(path: Path, files: FileList) -> str | None:
@@ -536,9 +554,10 @@ def _pack(files: FileList, entry: Path, progress: bool, *, private: bool) -> Non
         if stat.S_ISDIR(os.lstat(staging).st_mode):  # a pack that finished but was not verified and renamed
             remove_dataset_dir(staging)  # fastload's own files only
     try:
-        as_list = _list_file(files, list_path)
+        why = _list_file(files, list_path)
+        as_list = why is None
         if not as_list:
-            log.info("%s: packing its files as a dataset of bytes (the class names cannot travel in a list file)", files.desc)
+            log.info("%s: packing its files as a dataset of bytes (%s)", files.desc, why)
 
         def run(**kw: Any) -> None:
             try:

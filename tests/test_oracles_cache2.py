@@ -740,10 +740,9 @@ def test_the_dataset_is_named_by_its_roots_file_system_path(tmp_path):
 
 
 def test_a_list_file_that_does_not_read_back_is_logged_and_the_files_packed_as_bytes(tmp_path, caplog):
-    """An empty class name makes an empty label cell, a bad row to the list parser: the debug line names
-    the dataset and the parser's complaint (about line 2 of ``<entry>.pack.csv``), the info line says what
-    is done instead, and the entry holds the dataset's classes and labels, its records naming
-    ``dataset[i]``."""
+    """An empty class name makes an empty label cell, a bad row to the list parser: the info line names the
+    dataset, says what is done instead and why, in the parser's words (about line 2 of ``<entry>.pack.csv``),
+    and the entry holds the dataset's classes and labels, its records naming ``dataset[i]``."""
     a = write_image(tmp_path / "d" / "a.bmp", encode_color(0, 0), size=(8, 8))
     b = write_image(tmp_path / "d" / "b.bmp", encode_color(1, 1), size=(8, 8))
     ds = Files(tmp_path / "d", [(str(a), 0), (str(b), 1)], ["", "b"])
@@ -752,10 +751,8 @@ def test_a_list_file_that_does_not_read_back_is_logged_and_the_files_packed_as_b
     with caplog.at_level(logging.DEBUG, logger="fastload.cache"):
         assert cached_pack(ds, cache_dir=tmp_path / "c", progress=False) == entry
     msgs = [r.getMessage() for r in caplog.records if r.name == "fastload.cache"]
-    [why] = [m for m in msgs if m.startswith(f"the list file of {d} does not read back (")]
-    assert why.startswith(f"the list file of {d} does not read back (SRC {entry}.pack.csv:2: ")
-    assert why.endswith("); packing the files as a dataset")
-    assert f"{d}: packing its files as a dataset of bytes (the class names cannot travel in a list file)" in msgs
+    assert f"{d}: packing its files as a dataset of bytes (its list file does not read back: SRC {entry}.pack.csv:2: " \
+        f"expected 'path,label', got ['{a}', ''])" in msgs
     packed = fastload.Dataset(entry)
     assert packed.classes == ["", "b"] and [int(x) for x in packed.labels] == [0, 1]
     assert [packed.source_path(i) for i in range(2)] == ["dataset[0]", "dataset[1]"]
@@ -1127,8 +1124,47 @@ def test_a_path_the_list_file_would_change_is_packed_as_bytes(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="fastload.cache"):
         entry = cached_pack(ds, cache_dir=tmp_path / "c", progress=False)
     msgs = [r.getMessage() for r in caplog.records if r.name == "fastload.cache"]
-    assert f"Files({tmp_path / 'd'}): packing its files as a dataset of bytes (the class names cannot travel in a list file)" in msgs
+    assert f"Files({tmp_path / 'd'}): packing its files as a dataset of bytes (the path '{spaced}' reads back from a " \
+        f"list file as '{tmp_path / 'd' / 'a.bmp'}')" in msgs
     packed = fastload.Dataset(entry)
+    assert [packed.source_path(i) for i in range(2)] == ["dataset[0]", "dataset[1]"]
+    assert colours(entry) == [(0, 0), (1, 1)]
+
+
+def _not_utf8_name(d: Path) -> str:
+    """``d/x<FF>.bmp`` as ``os.fsdecode`` gives it: a lone surrogate for the byte that is not UTF-8."""
+    return os.fsdecode(os.fsencode(str(d)) + b"/x\xff.bmp")
+
+
+#: (class names, the first file's name or a function of the folder, the reason the info line gives): each way a
+#: dataset's samples cannot go through a list file, and the words for it, written out
+WHY_BYTES = [
+    (["a", "b", "c"], "a.bmp", "the class names read back from a list file as ['a', 'b'], not ['a', 'b', 'c']"),
+    ([" a", "b"], "a.bmp", "the class names read back from a list file as ['a', 'b'], not [' a', 'b']"),
+    (["a\udcff", "b"], "a.bmp", "the class name 'a\\udcff' is not UTF-8 text, which a list file holds"),
+    (["a", "b"], _not_utf8_name, "the path {d}/x\\xff.bmp is not UTF-8 text, which a list file holds"),
+]
+
+
+@pytest.mark.parametrize("classes, first, why", WHY_BYTES, ids=["unused-class", "spaced-class", "surrogate-class", "bytes-path"])
+def test_why_a_dataset_is_packed_as_bytes_is_said_in_its_own_words(tmp_path, caplog, classes, first, why):
+    """A class no sample has (a list file names only the classes of its rows), a class name the parser would
+    strip, a class name or a file name that is not UTF-8: the info line gives that reason (the class names
+    read back, or the name that cannot be written), and the entry holds every sample's own pixels and label
+    under the dataset's classes. Written for: one reason, about class names, given for every case (a path
+    ending in a space or of bytes was said to be about class names)."""
+    d = tmp_path / "d"
+    a = write_image(d / "a.bmp", encode_color(0, 0), size=(8, 8))
+    name = first(d) if callable(first) else str(d / first)
+    os.rename(a, name)
+    b = write_image(d / "b.bmp", encode_color(1, 1), size=(8, 8))
+    ds = Files(d, [(name, 0), (str(b), 1)], classes)
+    with caplog.at_level(logging.INFO, logger="fastload.cache"):
+        entry = cached_pack(ds, cache_dir=tmp_path / "c", progress=False)
+    msgs = [r.getMessage() for r in caplog.records if r.name == "fastload.cache"]
+    assert f"Files({d}): packing its files as a dataset of bytes ({why.format(d=d)})" in msgs
+    packed = fastload.Dataset(entry)
+    assert [int(x) for x in packed.labels] == [0, 1]
     assert [packed.source_path(i) for i in range(2)] == ["dataset[0]", "dataset[1]"]
     assert colours(entry) == [(0, 0), (1, 1)]
 
