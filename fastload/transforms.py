@@ -284,6 +284,16 @@ def _flatten(transform: Any, tv: _TV) -> list[Any]:
     return out
 
 
+def _index(step: _Step, v: Any, value: Any, what: str) -> int:
+    """``v`` (one side of ``value``) as an int through ``operator.index``; a bool or a float is a ConfigError."""
+    try:
+        if isinstance(v, bool):
+            raise TypeError
+        return operator.index(v)
+    except TypeError:
+        raise step.fail(f"{what} {value!r} is not an integer number of pixels") from None
+
+
 def _side(step: _Step, value: Any, what: str, *, allow_pair: bool) -> int:
     """A square size as an int: ``224``, ``[224]`` or (``allow_pair``) ``(224, 224)``."""
     v = value
@@ -291,6 +301,8 @@ def _side(step: _Step, value: Any, what: str, *, allow_pair: bool) -> int:
         if len(v) == 1:
             v = v[0]
         elif len(v) == 2 and allow_pair:
+            for side in v:  # each side an integer, not only the one kept: (24, 24.0) is no size either
+                _index(step, side, value, what)
             if v[0] != v[1]:
                 raise step.fail(
                     f"{what} {tuple(v)!r} is not square; FastLoader produces square {what}s: use one size, e.g. {v[0]!r}"
@@ -298,12 +310,7 @@ def _side(step: _Step, value: Any, what: str, *, allow_pair: bool) -> int:
             v = v[0]
         else:
             raise step.fail(f"{what} {v!r} is not one size")
-    try:
-        if isinstance(v, bool):
-            raise TypeError
-        n = operator.index(v)
-    except TypeError:
-        raise step.fail(f"{what} {value!r} is not an integer number of pixels") from None
+    n = _index(step, v, value, what)
     if n < 1:
         raise step.fail(f"{what} {value!r} must be at least 1 pixel")
     return n

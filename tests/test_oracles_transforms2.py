@@ -115,14 +115,16 @@ def test_a_center_crop_after_a_crop_is_refused_naming_the_step_that_set_the_form
 # ----------------------------------------------------------------------------- sizes, flips, interpolation codes
 
 
-def test_a_size_pair_whose_first_side_is_a_float_is_refused():
-    """RandomResizedCrop((24.0, 24)): equal sides, but 24.0 is no number of pixels (torchvision raises TypeError)."""
+@pytest.mark.parametrize("size", [(24.0, 24), (24, 24.0)])
+def test_a_size_pair_with_a_float_side_is_refused(size):
+    """RandomResizedCrop((24.0, 24)) or ((24, 24.0)): equal sides, but 24.0 is no number of pixels (torchvision
+    raises TypeError for either). Written for: only the side that is kept checked, so (24, 24.0) was read as 24."""
     with pytest.raises(TypeError):
-        T.RandomResizedCrop((24.0, 24))(Image.new("RGB", (32, 32)))
-    msg = _refusal(T.Compose([T.RandomResizedCrop((24.0, 24)), T.PILToTensor()]))
+        T.RandomResizedCrop(size)(Image.new("RGB", (32, 32)))
+    msg = _refusal(T.Compose([T.RandomResizedCrop(size), T.PILToTensor()]))
     assert msg == (
-        "transforms.RandomResizedCrop(size=(24.0, 24), scale=(0.08, 1.0), ratio=(0.75, 1.3333), interpolation=bilinear, "
-        "antialias=True) (step 1 of 2 of the transform): crop size (24.0, 24) is not an integer number of pixels"
+        f"transforms.RandomResizedCrop(size={size!r}, scale=(0.08, 1.0), ratio=(0.75, 1.3333), interpolation=bilinear, "
+        f"antialias=True) (step 1 of 2 of the transform): crop size {size!r} is not an integer number of pixels"
     )
 
 
