@@ -63,11 +63,11 @@ import itertools
 import math
 import operator
 import re
-import sys
 from typing import TYPE_CHECKING, Any
 
 from . import readaug
 from .errors import ConfigError, printable
+from .tvkinds import Kinds, flatten, views
 
 if TYPE_CHECKING:  # pragma: no cover
     from .settings import Augment
@@ -119,171 +119,6 @@ class _Step:
         return ConfigError(f"{self.where}: {why}")
 
 
-class _TV:
-    """The torchvision classes translate knows, looked up once per call (None if not installed)."""
-
-    def __init__(self) -> None:
-        import torch
-        from torch import nn
-
-        self.torch = torch
-        self.containers: tuple = (nn.Sequential,)
-        self.noop: tuple = (nn.Identity,)
-        self.ok = False
-        try:
-            import torchvision.transforms as T
-            from torchvision.transforms import InterpolationMode
-        except ImportError:
-            return
-        try:
-            from torchvision import tv_tensors
-            from torchvision.transforms import v2
-        except ImportError:  # pragma: no cover - torchvision < 0.15
-            v2 = None
-            tv_tensors = None
-        self.ok = True
-        self.mode = InterpolationMode
-        self.tv_image = None if tv_tensors is None else tv_tensors.Image
-        pairs = {
-            "compose": "Compose", "rrc": "RandomResizedCrop", "resize": "Resize", "center": "CenterCrop",
-            "flip": "RandomHorizontalFlip", "to_tensor": "ToTensor", "pil_to_tensor": "PILToTensor",
-            "convert": "ConvertImageDtype", "normalize": "Normalize", "lambda": "Lambda",
-            "random_apply": "RandomApply", "random_choice": "RandomChoice", "random_order": "RandomOrder",
-            "random_crop": "RandomCrop", "to_pil": "ToPILImage", "jitter": "ColorJitter",
-            "erasing": "RandomErasing", "grayscale": "RandomGrayscale",
-            "trivial": "TrivialAugmentWide", "rand_augment": "RandAugment", "auto_augment": "AutoAugment",
-            "augmix": "AugMix", "solarize": "RandomSolarize", "posterize": "RandomPosterize",
-            "sharpness": "RandomAdjustSharpness", "autocontrast": "RandomAutocontrast", "equalize": "RandomEqualize",
-            "invert": "RandomInvert", "blur": "GaussianBlur", "gray_fixed": "Grayscale",
-        }  # fmt: skip
-        self.cls: dict[str, tuple] = {}
-        for key, name in pairs.items():
-            found = [getattr(mod, name) for mod in (T, v2) if mod is not None and hasattr(mod, name)]
-            self.cls[key] = tuple(dict.fromkeys(found))
-        if v2 is not None:
-            self.cls["to_image"] = (v2.ToImage,)
-            self.cls["to_dtype"] = (v2.ToDtype,)
-            self.noop = self.noop + tuple(getattr(v2, n) for n in ("Identity", "ToPureTensor", "RGB") if hasattr(v2, n))
-        else:  # pragma: no cover
-            self.cls["to_image"] = self.cls["to_dtype"] = ()
-        self.containers = self.containers + self.cls["compose"]
-        self.v1_convert = (T.ConvertImageDtype,)
-        # timm's look-alikes, when timm is loaded (a timm transform object means it is): the same
-        # operations on a PIL image (MaybeToTensor passes a tensor through unchanged).
-        self.maybe: tuple = ()
-        timm = sys.modules.get("timm.data.transforms")
-        for key, name in (("rrc", "RandomResizedCropAndInterpolation"), ("to_tensor", "MaybeToTensor"),
-                          ("pil_to_tensor", "MaybePILToTensor")):  # fmt: skip
-            cls = getattr(timm, name, None) if timm is not None else None
-            if isinstance(cls, type):
-                self.cls[key] = self.cls[key] + (cls,)
-                if name.startswith("Maybe"):
-                    self.maybe = self.maybe + (cls,)
-        # timm's auto-augment and erasing objects (timm.data.auto_augment, random_erasing) and ToNumpy
-        # (a uint8 CHW array, which default_collate batches as PILToTensor's tensors)
-        for modname, key, name in (("timm.data.auto_augment", "timm_rand", "RandAugment"),
-                                   ("timm.data.auto_augment", "timm_auto", "AutoAugment"),
-                                   ("timm.data.auto_augment", "timm_augmix", "AugMixAugment"),
-                                   ("timm.data.random_erasing", "timm_erasing", "RandomErasing"),
-                                   ("timm.data.transforms", "pil_to_tensor", "ToNumpy")):  # fmt: skip
-            cls = getattr(sys.modules.get(modname), name, None)
-            if isinstance(cls, type):
-                self.cls[key] = self.cls.get(key, ()) + (cls,)
-
-    def kind(self, t: Any) -> str | None:
-        """Which known transform ``t`` is (its exact class), or None."""
-        if not self.ok:
-            return None
-        cls = type(t)
-        return next((k for k, v in self.cls.items() if cls in v), None)
-
-    def subclass_of(self, t: Any) -> str | None:
-        """The known transform ``t`` derives from without being it, or None."""
-        if not self.ok:
-            return None
-        for v in self.cls.values():
-            for c in v:
-                if isinstance(t, c) and type(t) is not c:
-                    return c.__name__
-        return None
-
-
-def _outputs_equal(a: Any, b: Any) -> bool:
-    import numpy as np
-    from PIL import Image
-
-    if isinstance(a, Image.Image) and isinstance(b, Image.Image):
-        return a.mode == b.mode and a.size == b.size and a.tobytes() == b.tobytes()
-    if hasattr(a, "shape") and hasattr(b, "shape"):
-        return type(a) is type(b) and tuple(a.shape) == tuple(b.shape) and bool(np.array_equal(np.asarray(a), np.asarray(b)))
-    return False
-
-
-def _on_probe(f: Any, seed: int) -> Any:
-    """``f`` called on a 64 x 48 RGB probe image from random state ``seed`` (every generator restored afterwards)."""
-    import random
-
-    import numpy as np
-    import torch
-    from PIL import Image
-
-    probe = Image.fromarray(np.random.default_rng(7).integers(0, 256, (48, 64, 3), dtype=np.uint8))
-    saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-    try:
-        random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
-        return f(probe)
-    finally:
-        random.setstate(saved[0]), np.random.set_state(saved[1]), torch.set_rng_state(saved[2])
-
-
-def _is_wrapper(t: Any, tv: _TV) -> bool:
-    """Whether ``t`` is an object that keeps its pipeline in ``.transforms`` and only applies it.
-
-    Training scripts wrap their ``Compose`` in a class (torchvision's references'
-    ``ClassificationPresetTrain``/``Eval``). Checked, not assumed: ``t`` and ``t.transforms``
-    are called on the same probe image from the same random state (restored afterwards), and
-    must give the same output, twice (two random states).
-    """
-    inner = getattr(t, "transforms", None)
-    if tv.kind(t) is not None or type(t) in tv.noop or inner is None or not callable(t) or not callable(inner):
-        return False
-    try:
-        return all(_outputs_equal(_on_probe(t, seed), _on_probe(inner, seed)) for seed in (0, 1))
-    except Exception:  # noqa: BLE001 - a wrapper that cannot run on an RGB image is not one we can read
-        return False
-
-
-def _views(t: Any) -> int:
-    """How many views a multi-view transform (SimCLR's, DINO's multi-crop) returns for a probe image; 0: not one."""
-    from PIL import Image
-
-    try:
-        out = _on_probe(t, 0) if callable(t) else None
-    except Exception:  # noqa: BLE001 - one that cannot run on an RGB image is refused as unknown
-        return 0
-    is_image = lambda x: isinstance(x, Image.Image) or hasattr(x, "shape")  # noqa: E731
-    return len(out) if isinstance(out, (tuple, list)) and len(out) >= 2 and all(is_image(x) for x in out) else 0
-
-
-def _flatten(transform: Any, tv: _TV) -> list[Any]:
-    out: list[Any] = []
-
-    def walk(t: Any, depth: int) -> None:
-        if depth > 50:
-            raise ConfigError("transform: containers nested more than 50 deep")
-        if type(t) in tv.containers:
-            inner = t.transforms if hasattr(t, "transforms") else list(t.children())
-            for s in inner:
-                walk(s, depth + 1)
-        elif _is_wrapper(t, tv):
-            walk(t.transforms, depth + 1)
-        else:
-            out.append(t)
-
-    walk(transform, 0)
-    return out
-
-
 def _index(step: _Step, v: Any, value: Any, what: str) -> int:
     """``v`` (one side of ``value``) as an int through ``operator.index``; a bool or a float is a ConfigError."""
     try:
@@ -316,7 +151,7 @@ def _side(step: _Step, value: Any, what: str, *, allow_pair: bool) -> int:
     return n
 
 
-def _interpolation(step: _Step, t: Any, tv: _TV, tensor: bool) -> str:
+def _interpolation(step: _Step, t: Any, tv: Kinds, tensor: bool) -> str:
     """The step's resampling filter, one of fastload.settings.INTERPOLATIONS, or a ConfigError."""
     mode = getattr(t, "interpolation", "bilinear")
     if isinstance(mode, (tuple, list)):  # timm's interpolation="random"
@@ -392,7 +227,7 @@ class _State:
         self.ordered = False  # jitter and grayscale are stages of the chain policy, in the user's order
 
 
-def _convert_dtype(step: _Step, st: _State, dtype: Any, scale: bool, tv: _TV) -> None:
+def _convert_dtype(step: _Step, st: _State, dtype: Any, scale: bool, tv: Kinds) -> None:
     torch = tv.torch
     if dtype is None or dtype == st.dtype:
         return
@@ -425,7 +260,7 @@ class _Shape:
         self.shape_step: _Step | None = None  # the RandomResizedCrop or Resize that set the form
         self.interpolation = "bilinear"
 
-    def rrc(self, step: _Step, t: Any, tv: _TV, st: _State) -> None:
+    def rrc(self, step: _Step, t: Any, tv: Kinds, st: _State) -> None:
         if self.form is not None:
             raise step.fail(_second_crop(self.form, self.shape_step))
         self.interpolation = _interpolation(step, t, tv, st.tensor)
@@ -434,7 +269,7 @@ class _Shape:
         self.ratio = _pair(step, t.ratio, "ratio", lo=1e-6, hi=None)
         self.form, self.shape_step = "train", step
 
-    def resize_step(self, step: _Step, t: Any, tv: _TV, st: _State) -> None:
+    def resize_step(self, step: _Step, t: Any, tv: Kinds, st: _State) -> None:
         if self.form is not None:
             raise step.fail(_second_crop(self.form, self.shape_step))
         if self.flip_step is not None:
@@ -457,7 +292,7 @@ class _Shape:
         self.resize = _side(step, size, "size", allow_pair=False)
         self.form, self.shape_step = "resized", step
 
-    def center(self, step: _Step, t: Any, tv: _TV, st: _State) -> None:
+    def center(self, step: _Step, t: Any, tv: Kinds, st: _State) -> None:
         if self.form != "resized":
             if self.form is None:
                 raise step.fail(
@@ -473,7 +308,7 @@ class _Shape:
             )
         self.crop, self.form = crop, "eval"
 
-    def flip_step_(self, step: _Step, t: Any, tv: _TV, st: _State) -> None:
+    def flip_step_(self, step: _Step, t: Any, tv: Kinds, st: _State) -> None:
         if self.form in ("resized", "eval"):
             raise step.fail(_FLIP_IN_EVAL)
         if self.flip_step is not None:
@@ -487,7 +322,7 @@ class _Shape:
         self.flip, self.flip_step = flip, step
 
 
-def _to_tensor(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
+def _to_tensor(step: _Step, t: Any, tv: Kinds, st: _State, kind: str) -> None:
     torch = tv.torch
     if st.tensor:
         if type(t) in tv.maybe:
@@ -507,7 +342,7 @@ def _to_tensor(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
         st.dtype, st.S = torch.uint8, [1.0 / 255.0] * 3
 
 
-def _convert(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
+def _convert(step: _Step, t: Any, tv: Kinds, st: _State, kind: str) -> None:
     if not st.tensor:
         if type(t) in tv.v1_convert:
             raise step.fail(
@@ -518,7 +353,7 @@ def _convert(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
     _convert_dtype(step, st, t.dtype, True, tv)
 
 
-def _to_dtype(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
+def _to_dtype(step: _Step, t: Any, tv: Kinds, st: _State, kind: str) -> None:
     if not st.tensor:
         return  # v2 passes PIL images through untouched
     dtype = t.dtype
@@ -536,7 +371,7 @@ def _to_dtype(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
     _convert_dtype(step, st, dtype, bool(getattr(t, "scale", False)), tv)
 
 
-def _normalize(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
+def _normalize(step: _Step, t: Any, tv: Kinds, st: _State, kind: str) -> None:
     if not st.tensor or st.dtype == tv.torch.uint8:
         what = "a PIL image" if not st.tensor else "a uint8 tensor"
         raise step.fail(
@@ -559,7 +394,7 @@ def _normalize(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
         raise step.fail(f"std {t.std!r} {why}; FastLoader's std must be positive")
 
 
-def _erasing(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
+def _erasing(step: _Step, t: Any, tv: Kinds, st: _State, kind: str) -> None:
     """``RandomErasing`` on the tensor, after the last Normalize (its value in the batch's own units)."""
     from .settings import Erasing
 
@@ -593,7 +428,7 @@ def _colour_place(step: _Step, st: _State, what: str) -> None:
         raise step.fail(f"{what} after Normalize acts on normalised values: put it before Normalize (and ToTensor)")
 
 
-def _jitter(step: _Step, t: Any, tv: _TV, st: _State, kind: str, p: float = 1.0) -> None:
+def _jitter(step: _Step, t: Any, tv: Kinds, st: _State, kind: str, p: float = 1.0) -> None:
     """``ColorJitter``: its ranges, applied to each training crop in a random order (all off: a no-op);
     after a grayscale, a second jitter or a chain: a stage of the chain, in the user's order."""
     try:
@@ -632,7 +467,7 @@ def _append(step: _Step, st: _State, *stages: Any) -> None:
     st.policy = (readaug.chained(st.policy and st.policy[0], stages), step)
 
 
-def _trivial(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
+def _trivial(step: _Step, t: Any, tv: Kinds, st: _State, kind: str) -> None:
     """``TrivialAugmentWide`` on the training crop's uint8 pixels, before any colour step."""
     from .settings import Trivial
 
@@ -651,7 +486,7 @@ def _trivial(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
         raise step.fail(str(e)) from None
 
 
-def _on_pixels(step: _Step, st: _State, tv: _TV, what: str, *, pil_only: bool) -> None:
+def _on_pixels(step: _Step, st: _State, tv: Kinds, what: str, *, pil_only: bool) -> None:
     """Auto-augments act on uint8 pixels (their thresholds and posterize bits are in 0..255): refused on floats."""
     if st.tensor and (pil_only or st.dtype != tv.torch.uint8):
         where = "a tensor" if pil_only else "a float tensor"
@@ -661,7 +496,7 @@ def _on_pixels(step: _Step, st: _State, tv: _TV, what: str, *, pil_only: bool) -
         )
 
 
-def _policy(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
+def _policy(step: _Step, t: Any, tv: Kinds, st: _State, kind: str) -> None:
     """torchvision's or timm's ``RandAugment``/``AutoAugment`` on the training crop's uint8 pixels, before any colour step."""
     what = type(t).__name__
     _colour_place(step, st, what)
@@ -678,7 +513,7 @@ def _policy(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
     st.policy = (pol, step)
 
 
-def _chain(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
+def _chain(step: _Step, t: Any, tv: Kinds, st: _State, kind: str) -> None:
     """``RandomApply``, ``RandomChoice``, ``RandomOrder`` and torchvision's single operations (``RandomSolarize``, ``GaussianBlur``...)
     as stages of a chain policy, in the auto-augment place, or after a jitter or grayscale in the user's
     order (:func:`_fold`); ``RandomApply([ColorJitter])`` and ``RandomApply([RandomGrayscale])`` become
@@ -718,7 +553,7 @@ def _chain(step: _Step, t: Any, tv: _TV, st: _State, kind: str) -> None:
     _append(step, st, stage)
 
 
-def _grayscale(step: _Step, t: Any, tv: _TV, st: _State, kind: str, p: float = 1.0) -> None:
+def _grayscale(step: _Step, t: Any, tv: Kinds, st: _State, kind: str, p: float = 1.0) -> None:
     """``RandomGrayscale``/``Grayscale(3)``: the grayscale after the jitter, or a chain stage in the user's order."""
     if getattr(t, "num_output_channels", 3) != 3:
         raise step.fail("Grayscale with one output channel: FastLoader batches are RGB; use num_output_channels=3")
@@ -743,7 +578,7 @@ _PIXEL_STEPS = {
 }  # fmt: skip
 
 
-def _unknown_step(step: _Step, t: Any, tv: _TV) -> None:
+def _unknown_step(step: _Step, t: Any, tv: Kinds) -> None:
     """A step torchvision's kinds do not cover: a no-op passes, anything else is refused."""
     if type(t) in tv.noop:
         return
@@ -753,10 +588,10 @@ def _unknown_step(step: _Step, t: Any, tv: _TV) -> None:
             f"a subclass of torchvision's {parent}, which may change what {parent} does: FastLoader cannot "
             f"know; use {parent} itself, or {_NO_EQUIVALENT}"
         )
-    views = _views(t)
-    if views:
+    n = views(t)
+    if n:
         raise step.fail(
-            f"it returns {views} views of each image (a {views}-item tuple or list), and FastLoader batches one view "
+            f"it returns {n} views of each image (a {n}-item tuple or list), and FastLoader batches one view "
             "per sample: give the dataset one view's transform, and make one loader per view with the same "
             "sampler= (the same order) and its own seed (its own crops and colours)"
         )
@@ -769,7 +604,7 @@ def _unknown_step(step: _Step, t: Any, tv: _TV) -> None:
     raise step.fail(_unknown(t))
 
 
-def _result(transform: Any, shape: _Shape, st: _State, tv: _TV) -> "Augment":
+def _result(transform: Any, shape: _Shape, st: _State, tv: Kinds) -> "Augment":
     """The Augment of a walked transform, or a ConfigError where it does not end in one batchable form."""
     from .settings import Augment
 
@@ -838,8 +673,8 @@ def translate(transform: Any) -> "Augment":
             "transform=None: the dataset returns PIL images of every size, but FastLoader batches need one size; "
             f"give the dataset a transform ({_TRAIN_HINT}, then ToTensor()), or pass crop= (and train=) to FastLoader"
         )
-    tv = _TV()
-    items = _flatten(transform, tv)
+    tv = Kinds()
+    items = flatten(transform, tv)
     if not items:
         raise ConfigError(f"transform {_name(transform)} is empty; FastLoader batches need one size: use {_TRAIN_HINT}")
     shape, st = _Shape(), _State()

@@ -92,6 +92,7 @@ declare -A TESTS=(
         tests/test_loader.py::test_load_state_dict_refuses_mismatch"
     [fastload/dlcompat.py]="tests/test_oracles_dlcompat.py tests/test_dropin.py tests/test_oracles_sampler.py"
     [fastload/transforms.py]="tests/test_oracles_transforms.py tests/test_oracles_transforms2.py tests/test_transforms.py tests/test_autoaugment.py tests/test_chain_augment.py"
+    [fastload/tvkinds.py]="tests/test_oracles_transforms.py tests/test_oracles_transforms2.py tests/test_transforms.py tests/test_autoaugment.py tests/test_chain_augment.py"
     [fastload/host.py]="tests/test_oracles_host.py tests/test_host.py"
     [fastload/cache.py]="tests/test_oracles_cache.py tests/test_oracles_cache2.py tests/test_cache.py tests/test_cache_fidelity.py"
     [fastload/reader.py]="tests/test_oracles_reader.py tests/test_oracles_reader2.py tests/test_oracles_labels.py tests/test_reader.py tests/test_hostile_read.py tests/test_fields.py tests/test_oracles_reader3.py"
@@ -105,7 +106,7 @@ declare -A TESTS=(
     [fastload/bench/report.py]="tests/test_oracles_report.py"
 )
 ALL=(fastload/augment.py fastload/sampler.py fastload/resume.py fastload/dlcompat.py fastload/transforms.py
-     fastload/host.py fastload/cache.py fastload/reader.py fastload/store/ fastload/packing/images.py
+     fastload/tvkinds.py fastload/host.py fastload/cache.py fastload/reader.py fastload/store/ fastload/packing/images.py
      fastload/packing/sources.py fastload/profile.py fastload/bench/report.py)
 
 mods=()

@@ -18,7 +18,7 @@ PKG = Path(__file__).resolve().parent.parent / "fastload"
 READ_SIDE = {
     "fastload.errors", "fastload.format", "fastload.imaging", "fastload.store", "fastload.reader",
     "fastload.checks", "fastload.sampler", "fastload.augment", "fastload.pipeline", "fastload.loader",
-    "fastload.dlcompat", "fastload.host", "fastload.views", "fastload.transforms",
+    "fastload.dlcompat", "fastload.host", "fastload.views", "fastload.transforms", "fastload.tvkinds",
 }  # fmt: skip
 
 

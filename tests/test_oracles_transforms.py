@@ -22,7 +22,8 @@ from torchvision.transforms import InterpolationMode  # noqa: E402
 from torchvision.transforms import v2  # noqa: E402
 
 from fastload.settings import Erasing, Jitter, Op, Stage, Trivial  # noqa: E402
-from fastload.transforms import _outputs_equal, translate  # noqa: E402
+from fastload.transforms import translate  # noqa: E402
+from fastload.tvkinds import outputs_equal  # noqa: E402
 
 MEAN, STD = (0.5, 0.25, 0.125), (0.5, 0.5, 0.25)
 
@@ -362,7 +363,7 @@ def test_timms_erasing_is_read_and_refused_on_uint8():
         _train(tail=(T.PILToTensor(), TimmErasing(probability=0.25, mode="const", device="cpu")))
 
 
-# ----------------------------------------------------------------------------- _outputs_equal (wrapper detection)
+# ----------------------------------------------------------------------------- outputs_equal (wrapper detection)
 
 
 def _img(mode="RGB", size=(4, 3), value=7):
@@ -389,7 +390,7 @@ def _img(mode="RGB", size=(4, 3), value=7):
 )
 def test_outputs_equal_is_same_type_shape_and_values(a, b, want):
     """Two probe outputs are the same only with the same image mode, size and bytes, or array type, shape and values."""
-    assert _outputs_equal(a, b) is want
+    assert outputs_equal(a, b) is want
 
 
 class _Wrapper:
@@ -658,7 +659,7 @@ def test_the_wrapper_probe_is_a_64_by_48_rgb_image_seen_from_the_seeded_generato
     with the seed (the draws are those of freshly seeded generators), and all three put back afterwards."""
     import random
 
-    from fastload.transforms import _on_probe
+    from fastload.tvkinds import on_probe
 
     def look(img):
         return img.mode, img.size, random.random(), float(np.random.rand()), float(torch.rand(()))
@@ -669,7 +670,7 @@ def test_the_wrapper_probe_is_a_64_by_48_rgb_image_seen_from_the_seeded_generato
     for seed in (0, 1):
         want = ("RGB", (64, 48), random.Random(seed).random(), float(np.random.RandomState(seed).rand()),
                 float(torch.rand((), generator=torch.Generator().manual_seed(seed))))  # fmt: skip
-        assert _on_probe(look, seed) == want
+        assert on_probe(look, seed) == want
     assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == before
 
 

@@ -24,7 +24,8 @@ from PIL import Image  # noqa: E402
 from torchvision import transforms as T  # noqa: E402
 from torchvision.transforms import InterpolationMode  # noqa: E402
 
-from fastload.transforms import _on_probe, translate  # noqa: E402
+from fastload.transforms import translate  # noqa: E402
+from fastload.tvkinds import on_probe  # noqa: E402
 
 _RRC = "transforms.RandomResizedCrop(size=(24, 24), scale=(0.08, 1.0), ratio=(0.75, 1.3333), interpolation=bilinear, antialias=True)"
 _TAIL = "remove it from the dataset's transform, or apply it to the batch on the GPU after the loader"
@@ -230,7 +231,7 @@ def test_the_probe_is_the_same_image_every_time():
     so a wrapper is read the same way on every call."""
     want = np.random.Generator(np.random.PCG64(7)).integers(0, 256, size=(48, 64, 3), dtype=np.uint8)
     for seed in (0, 1):
-        seen = _on_probe(lambda img: np.asarray(img).copy(), seed)
+        seen = on_probe(lambda img: np.asarray(img).copy(), seed)
         assert seen.dtype == np.uint8 and np.array_equal(seen, want)
 
 
