@@ -94,7 +94,7 @@ declare -A TESTS=(
     [fastload/transforms.py]="tests/test_oracles_transforms.py tests/test_oracles_transforms2.py tests/test_transforms.py tests/test_autoaugment.py tests/test_chain_augment.py"
     [fastload/tvkinds.py]="tests/test_oracles_transforms.py tests/test_oracles_transforms2.py tests/test_transforms.py tests/test_autoaugment.py tests/test_chain_augment.py"
     [fastload/host.py]="tests/test_oracles_host.py tests/test_host.py"
-    [fastload/cache.py]="tests/test_oracles_cache.py tests/test_oracles_cache2.py tests/test_cache.py tests/test_cache_fidelity.py"
+    [fastload/cache.py]="tests/test_oracles_cache.py tests/test_oracles_cache2.py tests/test_oracles_cache3.py tests/test_cache.py tests/test_cache_fidelity.py"
     [fastload/reader.py]="tests/test_oracles_reader.py tests/test_oracles_reader2.py tests/test_oracles_labels.py tests/test_reader.py tests/test_hostile_read.py tests/test_fields.py tests/test_oracles_reader3.py"
     [fastload/store/]="tests/test_oracles_btree.py tests/test_oracles_store.py tests/test_format.py tests/test_hostile_read.py
         tests/test_truncated_checks.py
