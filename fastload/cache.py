@@ -481,7 +481,8 @@ def _list_file(files: FileList, path: Path) -> str | None:
     p, name = "", ""
     try:
         with open(path, "w", encoding="utf-8", newline="") as f:
-            w = csv.writer(f, lineterminator="\n")
+            # every cell quoted: a bare carriage return would otherwise end the row (csv quotes only "\n" then)
+            w = csv.writer(f, lineterminator="\n", quoting=csv.QUOTE_ALL)
             w.writerow(["path", "label"])
             for p, lab in zip(files.paths, files.labels):
                 name = files.classes[lab]

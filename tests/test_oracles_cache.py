@@ -117,6 +117,7 @@ def test_an_untouched_folder_reuses_its_entry(make_folder, tmp_path):
         ("/d/" + "a" * 50, "a" * 40),
         ("/d/\u00e9t\u00e9", "t"),  # ASCII only
         ("/d/-_.x.-_", "x"),
+        ("/d/Xray-X", "Xray-X"),  # only "._-" stripped
     ],
 )
 def test_the_entry_name_starts_with_the_roots_name_made_safe(root, slug):

@@ -1071,20 +1071,20 @@ def test_a_path_that_is_no_path_is_shown_cut_at_120(tmp_path):
 def test_a_private_staging_is_named_for_the_host_made_safe(tmp_path, monkeypatch):
     """Where the file system cannot lock: the staging directory ``<entry>.pack-<host>-<pid>``, the host
     name (a stand-in: this machine's is already safe) with runs of characters outside ``[A-Za-z0-9._-]``
-    as one ``_``, cut at 40. Kills: the pattern or the cut changed."""
+    as one ``_`` (capitals kept), cut at 40. Kills: the pattern or the cut changed (``A-Z`` lowered)."""
 
     def flock(fd, op):
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
 
     monkeypatch.setattr(cache_mod, "fcntl", types.SimpleNamespace(flock=flock, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB))
-    monkeypatch.setattr(socket, "gethostname", lambda: "node 7//gpu\u00e9" + "x" * 40)
+    monkeypatch.setattr(socket, "gethostname", lambda: "Node 7//GPU\u00e9" + "x" * 40)
     folder = ImageFolder(str(bmp_folder(tmp_path / "imgs")))
     c = tmp_path / "c"
     entry = cache_entry(folder, cache_dir=c)
     calls = _spy_pack(monkeypatch, c)
     assert cached_pack(folder, cache_dir=c, progress=False) == entry
     [(_, staging, _)] = calls
-    host = "node_7_gpu_" + "x" * 29  # 11 + 29 = 40
+    host = "Node_7_GPU_" + "x" * 29  # 11 + 29 = 40
     assert staging.name == f"{entry.name}.pack-{host}-{os.getpid()}"
 
 

@@ -137,3 +137,109 @@ def test_a_torch_dataset_that_only_carries_samples_is_served(tmp_path):
     entry = cached_pack(Carried(), cache_dir=tmp_path / "c", progress=False)
     assert [int(x) for x in fastload.Dataset(entry).labels] == [0, 1]
     assert colours(entry) == [(0, 0), (1, 1)]
+
+
+def test_a_path_with_a_carriage_return_is_named_as_it_reads_back(tmp_path, caplog):
+    """A file name holding a carriage return: the list file quotes every cell, so the row stays whole and the
+    parser reads the name back with a newline in its place (it reads line ends universally); the info line names
+    the path and what it reads back as, and the files are packed as bytes, each its own pixels and label.
+    Written for: the list written with only the cells holding a newline quoted (the bare carriage return ended
+    the row, and the reason was the parser's complaint about a row cut in two); kills the quoting dropped."""
+    d = tmp_path / "d"
+    a, b = two_images(d)
+    cr = str(d / "a\rb.bmp")
+    os.rename(a, cr)
+    ds = Files(d, [(cr, 0), (b, 1)], ["a", "b"])
+    with caplog.at_level(logging.INFO, logger="fastload.cache"):
+        entry = cached_pack(ds, cache_dir=tmp_path / "c", progress=False)
+    msgs = [r.getMessage() for r in caplog.records if r.name == "fastload.cache"]
+    assert f"Files({d}): packing its files as a dataset of bytes (the path '{d}/a\\rb.bmp' reads back from a list " \
+        f"file as '{d}/a\\nb.bmp')" in msgs
+    packed = fastload.Dataset(entry)
+    assert [int(x) for x in packed.labels] == [0, 1]
+    assert colours(entry) == [(0, 0), (1, 1)]
+
+
+def test_a_lock_whose_close_fails_is_still_released_without_an_error(tmp_path, monkeypatch):
+    """``close`` of the lock file failing (EIO, as on a network file system) when the lock is left: no error
+    (the entry is already published), and the flock was released before, so another open file of the lock
+    takes it at once. Kills: the close's OSError no longer suppressed."""
+    import errno
+    import fcntl
+
+    path = tmp_path / "e.lock"
+    lock = cache_mod._Lock(path, "Files(d)", tmp_path / "e")
+    real_close = os.close
+    with lock:
+        held = lock.fd
+
+        def close(fd):
+            if fd == held:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            real_close(fd)
+
+        monkeypatch.setattr(os, "close", close)
+    monkeypatch.undo()
+    real_close(held)
+    other = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError if the flock were still held
+    finally:
+        os.close(other)
+
+
+def test_the_wait_logs_again_once_exactly_the_interval_has_passed(tmp_path, monkeypatch, caplog):
+    """The waiting line is logged again once ``WAIT_LOG_EVERY`` seconds have passed, that many exactly
+    included: with a clock that moves 1 s per reading and an interval of 1 s, every poll logs, the seconds so
+    far 1, 2, 3. Kills: ``>`` for ``>=`` (then only every other poll, 1, 3, 5)."""
+    import fcntl
+    import threading
+    import time
+    import types
+
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(cache_mod, "time", types.SimpleNamespace(monotonic=lambda: float(next(ticks)), sleep=time.sleep))
+    monkeypatch.setattr(cache_mod, "WAIT_LOG_EVERY", 1.0)
+    monkeypatch.setattr(cache_mod, "_POLL", 0.01)
+    path = tmp_path / "e.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    done = threading.Event()
+
+    def wait():
+        with cache_mod._Lock(path, "Files(d)", tmp_path / "e"):
+            done.set()
+
+    waiting = lambda: [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for")]  # noqa: E731
+    with caplog.at_level(logging.INFO, logger="fastload.cache"):
+        t = threading.Thread(target=wait, daemon=True)
+        t.start()
+        try:
+            deadline = time.monotonic() + 60
+            while len(waiting()) < 3 and t.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            os.close(fd)
+        t.join(60)
+    assert done.is_set()
+    lines = waiting()[:3]
+    assert lines == [f"waiting for another process packing Files(d) into cache entry {tmp_path / 'e'} ({s} s so far)"
+                     for s in (1, 2, 3)], lines
+
+
+def test_a_cache_directory_that_is_no_directory_once_made_is_refused(tmp_path, monkeypatch):
+    """The cache directory made, then found not to be one (replaced by a file in between: a stand-in ``stat``
+    says so for that path only): a ConfigError naming it and what to pass. Kills: the message replaced by None."""
+    import stat as stat_mod
+
+    from fastload.errors import ConfigError
+
+    c = tmp_path / "c"
+    real = os.stat
+    plain = real(__file__)
+    assert stat_mod.S_ISREG(plain.st_mode)
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: plain if os.fspath(p) == str(c) else real(p, *a, **k))
+    with pytest.raises(ConfigError) as e:
+        cache_entry(Files(tmp_path, [(__file__, 0)], ["a"]), cache_dir=c)
+    monkeypatch.undo()
+    assert str(e.value) == f"cache directory {c} is not a directory; pass cache_dir= or set $FASTLOAD_CACHE to one"
