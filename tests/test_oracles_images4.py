@@ -259,3 +259,43 @@ def test_eval_resize_pixels_is_torchvisions_resize(w, h):
 
     out = F.resize(torch.zeros(1, h, w), 256, antialias=False)
     assert eval_resize_pixels(w, h) == (out.shape[2], out.shape[1])
+
+
+def test_a_whole_lossless_jpeg_that_fails_to_decode_is_refused_with_the_decoders_words():
+    """A lossless (SOF3) JPEG whole, its end-of-image marker in place, so only the final decode reads it:
+    refused naming the frame type and PIL's own message. Written for: the decoder's message lost from that
+    (second) refusal."""
+    raw = bytearray(_jpeg(_noise(64, 64)))
+    raw[raw.index(b"\xff\xc0") + 1] = 0xC3
+    assert raw[-2:] == b"\xff\xd9"
+    r = process_task(("bytes", bytes(raw), 0, "n", "w"), ImageOptions())
+    assert r == ("skip", "w", "lossless (SOF3) JPEG cannot be decoded (broken data stream when reading image file)")
+
+
+def test_scan_jpeg_stops_at_an_end_of_image_before_the_scan():
+    """A frame, then an end-of-image marker (FF D9) and what would read as a 2-byte segment and a scan: the
+    image ended before its scan, so it is not one to store as it is (None). Written for: EOI matched as
+    another marker (the walk then read past it and found the scan)."""
+    from fastload.packing.images import scan_jpeg
+
+    sof = _seg(0xC0, struct.pack(">BHHB", 8, 48, 64, 3) + bytes([1, 0x11, 0, 2, 0x11, 1, 3, 0x11, 1]))
+    sos = _seg(0xDA, bytes([3, 1, 0, 2, 0x11, 3, 0x11, 0, 63, 0]))
+    assert scan_jpeg(memoryview(b"\xff\xd8" + sof + sos)) == (64, 48, False)  # the same without the EOI: a plain JPEG
+    assert scan_jpeg(memoryview(b"\xff\xd8" + sof + b"\xff\xd9\x00\x02" + sos)) is None
+
+
+@pytest.mark.parametrize("w, h, need", [(64, 64, 8), (65, 64, 9), (8, 8, 0), (1000, 8, 15)])
+def test_a_jpeg_exactly_as_long_as_its_blocks_need_is_accepted(w, h, need):
+    """The rule by hand: one bit per 8x8 block at least, ``ceil(w/8) * ceil(h/8) // 8`` bytes (64x64: 64 blocks,
+    8 bytes; 65x64: 72 blocks, 9; 1000x8: 125 blocks, 15). A file of exactly that many bytes passes, one byte
+    fewer is refused as forged or truncated. Written for: a file of exactly the bound refused (``<=``)."""
+    from fastload.packing.images import _check_jpeg_length, _Refused
+
+    _check_jpeg_length(w, h, need)
+    if need:
+        with pytest.raises(_Refused) as e:
+            _check_jpeg_length(w, h, need - 1)
+        assert str(e.value) == (
+            f"JPEG header claims {w}x{h} pixels but the file has only {need - 1} bytes (at least {need} needed): "
+            "forged or truncated"
+        )
