@@ -1143,16 +1143,20 @@ WHY_BYTES = [
     ([" a", "b"], "a.bmp", "the class names read back from a list file as ['a', 'b'], not [' a', 'b']"),
     (["a\udcff", "b"], "a.bmp", "the class name 'a\\udcff' is not UTF-8 text, which a list file holds"),
     (["a", "b"], _not_utf8_name, "the path {d}/x\\xff.bmp is not UTF-8 text, which a list file holds"),
+    # every cell quoted, so the row stays whole; the parser reads line ends universally: \r comes back \n
+    (["a", "b"], "a\rb.bmp", "the path '{d}/a\\rb.bmp' reads back from a list file as '{d}/a\\nb.bmp'"),
 ]
 
 
-@pytest.mark.parametrize("classes, first, why", WHY_BYTES, ids=["unused-class", "spaced-class", "surrogate-class", "bytes-path"])
+@pytest.mark.parametrize("classes, first, why", WHY_BYTES, ids=["unused-class", "spaced-class", "surrogate-class", "bytes-path", "carriage-return"])
 def test_why_a_dataset_is_packed_as_bytes_is_said_in_its_own_words(tmp_path, caplog, classes, first, why):
     """A class no sample has (a list file names only the classes of its rows), a class name the parser would
     strip, a class name or a file name that is not UTF-8: the info line gives that reason (the class names
     read back, or the name that cannot be written), and the entry holds every sample's own pixels and label
-    under the dataset's classes. Written for: one reason, about class names, given for every case (a path
-    ending in a space or of bytes was said to be about class names)."""
+    under the dataset's classes; a file name with a carriage return: the path and what it reads back as.
+    Written for: one reason, about class names, given for every case (a path ending in a space or of bytes
+    was said to be about class names); and the list file written with only cells holding a newline quoted
+    (a bare carriage return ended the row; the reason was the parser's complaint about a row cut in two)."""
     d = tmp_path / "d"
     a = write_image(d / "a.bmp", encode_color(0, 0), size=(8, 8))
     name = first(d) if callable(first) else str(d / first)

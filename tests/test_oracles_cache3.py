@@ -139,27 +139,6 @@ def test_a_torch_dataset_that_only_carries_samples_is_served(tmp_path):
     assert colours(entry) == [(0, 0), (1, 1)]
 
 
-def test_a_path_with_a_carriage_return_is_named_as_it_reads_back(tmp_path, caplog):
-    """A file name holding a carriage return: the list file quotes every cell, so the row stays whole and the
-    parser reads the name back with a newline in its place (it reads line ends universally); the info line names
-    the path and what it reads back as, and the files are packed as bytes, each its own pixels and label.
-    Written for: the list written with only the cells holding a newline quoted (the bare carriage return ended
-    the row, and the reason was the parser's complaint about a row cut in two); kills the quoting dropped."""
-    d = tmp_path / "d"
-    a, b = two_images(d)
-    cr = str(d / "a\rb.bmp")
-    os.rename(a, cr)
-    ds = Files(d, [(cr, 0), (b, 1)], ["a", "b"])
-    with caplog.at_level(logging.INFO, logger="fastload.cache"):
-        entry = cached_pack(ds, cache_dir=tmp_path / "c", progress=False)
-    msgs = [r.getMessage() for r in caplog.records if r.name == "fastload.cache"]
-    assert f"Files({d}): packing its files as a dataset of bytes (the path '{d}/a\\rb.bmp' reads back from a list " \
-        f"file as '{d}/a\\nb.bmp')" in msgs
-    packed = fastload.Dataset(entry)
-    assert [int(x) for x in packed.labels] == [0, 1]
-    assert colours(entry) == [(0, 0), (1, 1)]
-
-
 def test_a_lock_whose_close_fails_is_still_released_without_an_error(tmp_path, monkeypatch):
     """``close`` of the lock file failing (EIO, as on a network file system) when the lock is left: no error
     (the entry is already published), and the flock was released before, so another open file of the lock
