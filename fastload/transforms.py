@@ -4,8 +4,10 @@
 ``nn.Sequential``, or one transform) of a torchvision image dataset and returns the
 :class:`fastload.Augment` settings that produce the same batches, or
 raises :class:`~fastload.errors.ConfigError` naming the one step it cannot reproduce
-and what to do. It is pure: it looks at the transform objects, never calls them, and
-imports torchvision only when called (``import fastload`` works without it).
+and what to do. It reads the transform objects without calling the steps it translates
+(:mod:`fastload.tvkinds` calls a wrapper or a multi-view transform once on a probe image, its
+random state restored, to tell what it is), and imports torchvision only when called
+(``import fastload`` works without it).
 
 The input is what torchvision's ``ImageFolder`` loader returns: an RGB PIL image.
 Two forms are understood, with the transforms of ``torchvision.transforms`` and of
