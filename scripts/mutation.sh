@@ -2,7 +2,7 @@
 # Mutation testing of fastload's core modules with mutmut 3 (configured in pyproject.toml, [tool.mutmut]);
 # how and when to run it, and the last scores: docs/testing.md.
 #
-#   scripts/mutation.sh [-j JOBS] [MODULE...]     MODULE: fastload/augment.py, fastload/store/, ... (none: all below)
+#   scripts/mutation.sh [-j JOBS] [MODULE...]     MODULE: fastload/augment/draws.py, fastload/store/, ... (none: all below)
 #   scripts/mutation.sh --list                    the modules and the tests each runs against
 #
 # Each module runs in its own copy of the tree, mutants/modules/<name>/ (mutmut then writes its mutants
@@ -33,7 +33,7 @@ sample="${MUTATION_SAMPLE:-}"
 # module -> the fast tests that cover it (files or node ids; no subprocess-only tests: a child process
 # imports the unmutated package, so it can never kill a mutant).
 declare -A TESTS=(
-    [fastload/augment.py]="tests/test_oracles_augment.py
+    [fastload/augment/draws.py]="tests/test_oracles_augment.py
         tests/test_oracles_augment2.py
         tests/test_loader.py::test_random_resized_crop_semantics
         tests/test_loader.py::test_random_resized_crop_fallback_for_extreme_shapes
@@ -105,7 +105,7 @@ declare -A TESTS=(
     [fastload/profile.py]="tests/test_oracles_profile.py tests/test_profile.py"
     [fastload/bench/report.py]="tests/test_oracles_report.py"
 )
-ALL=(fastload/augment.py fastload/sampler.py fastload/resume.py fastload/dlcompat.py fastload/transforms.py
+ALL=(fastload/augment/draws.py fastload/sampler.py fastload/resume.py fastload/dlcompat.py fastload/transforms.py
      fastload/tvkinds.py fastload/host.py fastload/cache.py fastload/reader.py fastload/store/ fastload/packing/images.py
      fastload/packing/sources.py fastload/profile.py fastload/bench/report.py)
 

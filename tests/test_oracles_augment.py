@@ -305,7 +305,7 @@ def test_the_mixer_is_splitmix64():
 
     Kills: a shift reversed (``<<``) or changed (30 -> 31), a multiplier's constant changed, the
     increment dropped: any change to the stream."""
-    from fastload.augment import _mix
+    from fastload.augment.draws import _mix
 
     k = np.arange(4, dtype=np.uint64) * np.uint64(_GOLDEN)
     assert [int(v) for v in _mix(k)] == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F, 0xF88BB8A8724C81EC]

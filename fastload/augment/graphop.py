@@ -1,0 +1,85 @@
+"""The contract between a step the host draws and the DALI operator that carries it out, sample by sample.
+
+A :class:`GraphOp` is one operation of one library (``"timm"`` or ``"torchvision"``) at one
+interpolation. The host turns the step's arguments (what :func:`fastload.policies.plan` and
+:func:`fastload.augment.trivial_params` draw) into at most :data:`ARGS` floats per sample
+(:attr:`GraphOp.host`); the graph receives them as one float32 ``[ARGS]`` tensor per sample
+through ``external_source`` and applies the operation to the uint8 HWC image
+(:attr:`GraphOp.graph`), on whatever backend the image is (``cpu`` or ``gpu``). Which
+operation a sample gets is chosen in the graph by its index (``auto_aug``'s ``select``), so a
+batch is one set of batched operators whatever each sample drew.
+
+:func:`apply_once` runs one operation on a few images in a CPU pipeline of its own: what the
+per-operation comparisons with torchvision's and timm's functions use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+#: Floats each sample receives per step (ColorJitter's order and four factors need eight).
+ARGS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphOp:
+    """One operation as the graph applies it.
+
+    Attributes:
+        library: ``"timm"`` or ``"torchvision"``: whose semantics it has.
+        name: the operation's name in that library (timm's ``NAME_TO_OP`` key, torchvision's ``_apply_op`` name,
+            ``"ColorJitter"``, ``"Grayscale"``, ``"GaussianBlur"``, ``"Identity"``).
+        interpolation: ``"nearest"``, ``"bilinear"`` or ``"bicubic"`` (what the library was asked for).
+        host: the step's arguments -> at most :data:`ARGS` floats (the rest are fed as 0).
+        graph: ``(image, params) -> image``: a uint8 HWC DataNode and the float32 ``[ARGS]`` DataNode in, a uint8
+            HWC DataNode of the same shape out; built from DALI operators that exist on both backends.
+    """
+
+    library: str
+    name: str
+    interpolation: str
+    host: Callable[[tuple], Sequence[float]]
+    graph: Callable[[Any, Any], Any]
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.library, self.name, self.interpolation)
+
+    def params(self, args: tuple) -> np.ndarray:
+        """The float32 ``[ARGS]`` vector fed for one sample's step."""
+        vals = [float(v) for v in self.host(tuple(args))]
+        if len(vals) > ARGS:
+            raise ValueError(f"{self.name} gives {len(vals)} parameters, more than {ARGS}")
+        out = np.zeros(ARGS, dtype=np.float32)
+        out[: len(vals)] = vals
+        return out
+
+
+def identity(library: str, interpolation: str = "bilinear") -> GraphOp:
+    """The operation that leaves the image as it is (RandAugment's Identity, a skipped step)."""
+    return GraphOp(library, "Identity", interpolation, host=lambda args: (), graph=lambda img, p: img)
+
+
+def apply_once(op: GraphOp, images: Sequence[np.ndarray], args: Sequence[tuple], *, num_threads: int = 1) -> list[np.ndarray]:
+    """``op`` on each HWC uint8 image with its step's ``args``, in a CPU pipeline of its own; HWC uint8 out."""
+    from ..pipeline import import_dali
+
+    dali, fn, types = import_dali()
+    imgs = [np.ascontiguousarray(i, dtype=np.uint8) for i in images]
+    params = [op.params(a) for a in args]
+    if len(imgs) != len(params):
+        raise ValueError(f"{len(imgs)} images but {len(params)} argument tuples")
+
+    @dali.pipeline_def(batch_size=len(imgs), num_threads=num_threads, device_id=None, exec_dynamic=True)
+    def pipe():
+        img = fn.external_source(source=lambda: imgs, batch=True, layout="HWC", dtype=types.UINT8, ndim=3)
+        p = fn.external_source(source=lambda: params, batch=True, dtype=types.FLOAT, ndim=1)
+        return op.graph(img, p)
+
+    pp = pipe()
+    pp.build()
+    (out,) = pp.run()
+    return [np.array(out[i]) for i in range(len(imgs))]
