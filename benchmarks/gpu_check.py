@@ -542,6 +542,95 @@ def step_throughput(plan: Plan, res: dict, work: Path) -> None:
     res["loaders"] = entries
 
 
+def _recipe(name: str, crop: int):
+    """The transform of a recipe row: DeiT's (timm's own ``create_transform``; torchvision's RandAugment(2, 9) with
+    bicubic and erasing where timm is not installed) or torchvision's ``ta_wide`` reference recipe."""
+    import torch
+    from torchvision import transforms as T
+    from torchvision.transforms import InterpolationMode
+
+    if name == "deit":
+        try:
+            from timm.data import create_transform
+
+            return create_transform(crop, is_training=True, auto_augment="rand-m9-mstd0.5-inc1", interpolation="bicubic",
+                                    re_prob=0.25, re_mode="pixel"), "timm rand-m9-mstd0.5-inc1 + pixel erasing"  # fmt: skip
+        except ImportError:
+            aug, what = T.RandAugment(2, 9, interpolation=InterpolationMode.BICUBIC), "torchvision RandAugment(2, 9) + erasing"
+    else:
+        aug, what = T.TrivialAugmentWide(), "torchvision ta_wide + erasing"
+    return T.Compose([T.RandomResizedCrop(crop, interpolation=InterpolationMode.BICUBIC), T.RandomHorizontalFlip(), aug,
+                      T.PILToTensor(), T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD), T.RandomErasing(0.25)]), what  # fmt: skip
+
+
+def _dali_auto_aug(plan: Plan, src: Path, spec: Any, policy: str):
+    """DALI's own pipeline with its ``auto_aug`` (``rand_augment`` n=2 m=9, or ``trivial_augment_wide``) and ``fn.erase``."""
+    from nvidia.dali.auto_aug import rand_augment, trivial_augment
+    from nvidia.dali.plugin.base_iterator import LastBatchPolicy
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    from fastload.pipeline import decoder_args, graph_threads, import_dali
+
+    dali, fn, types = import_dali()
+    gpu = spec.device_id is not None
+    dev = "gpu" if gpu else "cpu"
+
+    @dali.pipeline_def(batch_size=spec.batch_size, num_threads=graph_threads(spec), device_id=spec.device_id,
+                       prefetch_queue_depth=spec.prefetch, seed=0, enable_conditionals=True)  # fmt: skip
+    def peer():
+        jpegs, labels = fn.readers.file(file_root=str(src), random_shuffle=True, name="Reader", seed=0)
+        img = fn.decoders.image_random_crop(jpegs, device="mixed" if gpu else "cpu", **decoder_args(spec))
+        img = fn.resize(img, device=dev, size=[spec.crop, spec.crop], antialias=True, interp_type=types.INTERP_CUBIC)
+        img = fn.flip(img, device=dev, horizontal=fn.random.coin_flip())
+        shape = [spec.crop, spec.crop]
+        img = rand_augment.rand_augment(img, n=2, m=9, shape=shape) if policy == "rand" else \
+            trivial_augment.trivial_augment_wide(img, shape=shape)  # fmt: skip
+        img = fn.crop_mirror_normalize(img, device=dev, mean=list(spec.mean), std=list(spec.std), dtype=types.FLOAT,
+                                       output_layout="CHW")  # fmt: skip
+        side = fn.random.uniform(range=[0.1, 0.5], shape=[2])
+        img = fn.erase(img, anchor=fn.random.uniform(range=[0.0, 0.5], shape=[2]), shape=side, normalized=True,
+                       axis_names="HW", fill_value=0.0)  # fmt: skip
+        return img, (labels.gpu() if gpu else labels)
+
+    pipe = peer()
+    pipe.build()
+    return DALIGenericIterator(pipe, ["images", "labels"], reader_name="Reader", last_batch_policy=LastBatchPolicy.DROP, auto_reset=True)
+
+
+def step_augment(plan: Plan, res: dict, work: Path) -> None:
+    """The recipes of today's scripts in the graph: DeiT's and ta_wide through FastLoader, beside DALI's own auto_aug
+    pipelines on the same images: checked (finite, shapes, erased and augmented), then timed, interleaved."""
+    import torch
+
+    import fastload
+
+    ds = fastload.Dataset(work / "packed")
+    rows: dict[str, Any] = {}
+    for recipe, policy in (("deit", "rand"), ("ta_wide", "trivial")):
+        tf, what = _recipe(recipe, plan.crop)
+        fl = _fastloader(plan, work / "packed", transform=tf)
+        x, y = next(iter(fl))
+        if tuple(x.shape) != (plan.batch, 3, plan.crop, plan.crop) or not torch.isfinite(x).all():
+            raise CheckFailed(f"{recipe}: batch {tuple(x.shape)}, finite: {bool(torch.isfinite(x).all())}")
+        spec = _graph_spec(plan, fl, ds.manifest.stats, ds.manifest.max_pixels)
+        peer = _dali_auto_aug(plan, work / "images", spec, policy)
+        loaders = {f"FastLoader {recipe}": fl, f"DALI auto_aug {policy}": peer}
+        entries = {k: {"runs": []} for k in loaders}
+        try:
+            for name, loader in loaders.items():
+                _epoch_loop(loader, plan.device)  # warm-up
+            for _ in range(plan.repeats):
+                for name, loader in loaders.items():
+                    n, dt = _epoch_loop(loader, plan.device)
+                    entries[name]["runs"].append(round(n / dt, 1))
+        finally:
+            fl.close()
+        for e in entries.values():
+            e["images_per_s"] = statistics.median(e["runs"])
+        rows[recipe] = {"recipe": what, **entries}
+    res["recipes"] = rows
+
+
 def step_training(plan: Plan, res: dict, work: Path) -> None:
     import fastload
     from fastload.bench.models import TrainStep, build_model
@@ -711,6 +800,9 @@ def _note(name: str, res: dict) -> str:
                          for k in ("hw_decoder_load=0", "default") if k in res)  # fmt: skip
     if name == "throughput":
         return "; ".join(f"{k} {e['images_per_s']:,.0f}/s" for k, e in res.get("loaders", {}).items())
+    if name == "augment":
+        return "; ".join(f"{k} {e['images_per_s']:,.0f}/s" for row in res.get("recipes", {}).values()
+                         for k, e in row.items() if isinstance(e, dict))  # fmt: skip
     if name == "training":
         return "; ".join(f"{k} waits {e['wait_fraction']:.1%}, GPU {_fmt_util(e['gpu_util'])}"
                          for k, e in res.items() if isinstance(e, dict) and e.get("wait_fraction") is not None)  # fmt: skip
@@ -750,6 +842,7 @@ def main(argv: list[str] | None = None) -> int:
         ("race", lambda r: step_race(plan, r, work / "packed"), False),
         ("hw_decoder", lambda r: step_hw_decoder(plan, r, work / "packed"), False),
         ("throughput", lambda r: step_throughput(plan, r, work), False),
+        ("augment", lambda r: step_augment(plan, r, work), False),
         ("training", lambda r: step_training(plan, r, work), False),
     ]
     rc = 0

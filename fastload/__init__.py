@@ -29,7 +29,7 @@ from .fields import Field, Schema
 
 # FastLoader and Augment import torch (FastLoader DALI too): load it on first use so that `fastload pack`
 # and `import fastload` stay light and work where DALI is not installed.
-_LAZY = {"FastLoader": "loader", "DetectionLoader": "detection", "FieldBatch": "fieldbatch", "Augment": "settings", "IMAGENET_MEAN": "settings", "IMAGENET_STD": "settings"}
+_LAZY = {"FastLoader": "loader", "DetectionLoader": "detection", "FieldBatch": "fieldbatch", "Augment": "augment.settings", "IMAGENET_MEAN": "augment.settings", "IMAGENET_STD": "augment.settings"}
 
 
 def __getattr__(name: str):

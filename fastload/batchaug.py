@@ -263,7 +263,7 @@ def policy(
     images: torch.Tensor, plans: list, *, library: str, mean: Sequence[float] | None, std: Sequence[float] | None,
     fill: Sequence[float] | None, on_device: bool | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """Each image's planned operations (:func:`fastload.policies.plan`) on its uint8 pixels, in place.
+    """Each image's planned operations (:func:`fastload.augment.policies.plan`) on its uint8 pixels, in place.
 
     On the CPU (``on_device`` False, the default there) every operation runs on the PIL image,
     by torchvision's ``_apply_op`` functions or timm's ``NAME_TO_OP``, as a DataLoader worker

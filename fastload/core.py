@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import ctypes
 import os
 import threading
@@ -24,9 +25,10 @@ import torch
 from .augment import eval_params, train_params
 from .errors import FastloadError, FormatError, LoaderError
 from .format import DEFAULT_MAX_PIXELS
-from .pipeline import GraphSpec, build_pipeline, decoder_sizing, encoded_batch, import_dali
+from .augment.stage import GraphStage
+from .pipeline import GraphSpec, build_augment_pipeline, build_pipeline, decoder_sizing, encoded_batch, import_dali
 from .reader import Dataset, ReadAhead
-from .settings import Augment
+from .augment.settings import Augment
 from .threads import probe
 
 _LIVE_CORES: "weakref.WeakSet[Core]" = weakref.WeakSet()
@@ -69,6 +71,12 @@ def register_exit_hook() -> None:
     if not _EXIT_HOOK:
         atexit.register(_close_live_cores)
         _EXIT_HOOK.append(True)
+
+
+def _stage(augment: Augment) -> GraphStage | None:
+    """The training graph's augmentation stage for ``augment``, or None when it has nothing to do."""
+    stage = GraphStage(augment)
+    return stage if stage.active else None
 
 
 #: The most pixels an evaluation resize may produce for one image (format.DEFAULT_MAX_PIXELS, PIL's bomb limit).
@@ -125,6 +133,8 @@ class Core:
         self.host_finish = self.device.type == "cpu" and self.train
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.pipe: Any = None
+        self.stage = _stage(augment) if self.train else None
+        self.augment_pipe: Any = None  # host_finish with a stage: the stage's own CPU pipeline
         self.run: Any = None  # the fastload.epochs.EpochRun producing now
         # the records of the next batches are asked for from a few threads, ahead of DALI (cold data)
         # (records fetched one by one from a store are dropped from the node cache once read)
@@ -196,7 +206,7 @@ class Core:
             pool, self.decode_pool = self.decode_pool, None
             if pool is not None:  # not waited for: the finaliser may run in one of its threads
                 pool.close()
-            self.pipe = None  # DALI frees its buffers (and GPU memory) with the pipeline
+            self.pipe = self.augment_pipe = None  # DALI frees its buffers (and GPU memory) with the pipeline
             if self.stream is not None:
                 with contextlib.suppress(Exception):
                     self.stream.synchronize()  # this stream only: the copies in flight
@@ -227,6 +237,7 @@ class Core:
             hw_decoder_load=self.hw_decoder_load,
             host_finish=self.host_finish,
             interpolation=self.interpolation,
+            stage=None if self.host_finish else self.stage,
             # the mixed decoder's buffers, sized from the dataset's recorded image sizes
             **decoder_sizing(self.dataset.manifest.stats, max_pixels=self.dataset.manifest.max_pixels).fields(),
         )
@@ -234,6 +245,8 @@ class Core:
         # CPU pipeline of N threads starts 2N + 3; the epoch thread and a margin on top)
         probe(2 * self.num_threads + 8, what=f"the DALI pipeline ({self.num_threads} CPU threads)")
         try:
+            if self.stage is not None and self.host_finish:
+                self.augment_pipe = build_augment_pipeline(dataclasses.replace(spec, stage=self.stage))
             return build_pipeline(spec, self.source)
         except FastloadError:
             raise
@@ -279,7 +292,13 @@ class Core:
         if self.host_finish:
             run.flips.append((flips, self._submit_reduced(enc, boxes, widths, heights, anchors, shapes, rb.errors)))
             return (encoded_batch(enc), anchors, shapes)
+        if self.stage is not None:
+            return (encoded_batch(enc), anchors, shapes, flips, *self.stage_feed(run.epoch, batch.positions))
         return (encoded_batch(enc), anchors, shapes, flips)
+
+    def stage_feed(self, epoch: int, positions: np.ndarray) -> list:
+        """The augmentation stage's inputs for one batch (:meth:`fastload.augment.stage.GraphStage.feed`)."""
+        return self.stage.feed(seed=self.seed, epoch=epoch, positions=positions, layout="HWC" if self.channels_last else "CHW")
 
     def _refuse_huge_resizes(self, run: Any, batch: Any, enc: list, widths, heights, sizes, corners) -> None:
         """Evaluation resizes of more than :data:`MAX_RESIZE_PIXELS` fail alone, named, at their turn.

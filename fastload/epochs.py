@@ -24,9 +24,6 @@ import torch
 
 from .core import CLOSED, SUPERSEDED, Core
 from .errors import FastloadError, LoaderError
-from .augment import color_params, erase_boxes, noise_seeds, trivial_params
-from .batchaug import color, erase, erase_noisy, policy, trivial
-from .policies import plan
 from .host import finish_crops
 from .pipeline import cpu_samples
 from .sampler import Batch
@@ -154,50 +151,27 @@ class EpochRun:
                 why = "PIL cannot identify it as an image" if type(e).__name__ == "UnidentifiedImageError" else str(e)
                 where = core.dataset.where(int(batch.indices[k]))
                 raise LoaderError(f"{where} failed to decode: {(why or type(e).__name__)[:200]}") from e
+        staged = core.stage is not None  # uint8 NHWC crops for the stage's pipeline, which normalises
         images = finish_crops(
-            cpu_samples(tl), flips, crop=core.crop, mean=core.mean, std=core.std,
-            dtype=core.dtype, channels_last=core.channels_last, finished=finished, interpolation=core.interpolation,
+            cpu_samples(tl), flips, crop=core.crop, mean=None if staged else core.mean, std=None if staged else core.std,
+            dtype=torch.uint8 if staged else core.dtype, channels_last=staged or core.channels_last, finished=finished,
+            interpolation=core.interpolation,
         )  # fmt: skip
         return images, torch.from_numpy(labels_np), None
 
-    def _erased(self, images: torch.Tensor, batch: Batch) -> torch.Tensor:
-        """``images`` (NCHW, or its channels-last view) jittered, grayed and erased as the batch's draws say."""
-        a = self.core.augment
-        if a.trivial is not None:
-            ops, mags = trivial_params(seed=self.core.seed, epoch=self.epoch, positions=batch.positions, num_bins=a.trivial.num_bins)
-            images = trivial(images, ops, mags, mean=a.mean, std=a.std, interpolation=a.trivial.interpolation, fill=a.trivial.fill)
-        if a.policy is not None:
-            plans = plan(a.policy, seed=self.core.seed, epoch=self.epoch, positions=batch.positions)
-            images = policy(images, plans, library=a.policy.library, mean=a.mean, std=a.std, fill=a.policy.fill)
-        if a.jitter is not None or a.grayscale > 0:
-            order, factors, gray = color_params(
-                seed=self.core.seed, epoch=self.epoch, positions=batch.positions,
-                parts=a.jitter.parts if a.jitter is not None else (None,) * 4, grayscale=a.grayscale,
-                p=a.jitter.p if a.jitter is not None else 1.0,
-            )  # fmt: skip
-            images = color(images, order, factors, gray, mean=a.mean, std=a.std)
-        er = a.erasing
-        if er is None:
-            return images
-        rects = erase_boxes(
-            self.core.crop, seed=self.core.seed, epoch=self.epoch, positions=batch.positions, p=er.p,
-            scale=er.scale, ratio=er.ratio, count=er.count,
-        )  # fmt: skip
-        if er.noise is not None:
-            seeds = noise_seeds(seed=self.core.seed, epoch=self.epoch, positions=batch.positions)
-            return erase_noisy(images, rects, seeds, noise=er.noise)
-        return erase(images, rects, er.value)
-
-    def _convert(self, tl, batch: Batch):
+    def _augmented_on_host(self, images: torch.Tensor, batch: Batch):
+        """Host-finished uint8 crops (NCHW view of NHWC storage) through the stage's own CPU pipeline."""
         core = self.core
-        labels_np = core.labels[batch.indices]
-        if core.host_finish:
-            done = self._finished_on_host(tl, batch, labels_np)
-            if done is None:  # stopping
-                return None
-            images, labels, event = done
-            return self._erased(images, batch), labels, event
-        dali_tensor = tl.as_tensor()
+        pipe = core.augment_pipe
+        pipe.feed_input("images", images.permute(0, 2, 3, 1).numpy(), layout="HWC")
+        for i, x in enumerate(core.stage_feed(self.epoch, batch.positions)):
+            pipe.feed_input(f"stage{i}", x)
+        (out,) = pipe.run()
+        return self._to_torch(out.as_tensor())
+
+    def _to_torch(self, dali_tensor) -> torch.Tensor:
+        """A dense DALI batch as the loader's torch tensor (NCHW, or its channels-last view), on its side stream."""
+        core = self.core
         shape = dali_tensor.shape()
         torch_dtype = torch.uint8 if core.dtype == torch.uint8 else (
             torch.float16 if core.dtype == torch.float16 else torch.float32
@@ -207,26 +181,34 @@ class EpochRun:
         if core.stream is None:
             images = torch.empty(shape, dtype=torch_dtype)
             feed_ndarray(dali_tensor, images)
-            if core.dtype == torch.bfloat16:
-                images = images.to(torch.bfloat16)
-            if core.channels_last:
-                images = images.permute(0, 3, 1, 2)
-            images = self._erased(images, batch)
-            labels = torch.from_numpy(labels_np)
-            event = None
         else:
-            stream = core.stream
-            with torch.cuda.stream(stream):
-                images = torch.empty(shape, dtype=torch_dtype, device=core.device)
-                feed_ndarray(dali_tensor, images, cuda_stream=stream)
-                if core.dtype == torch.bfloat16:
-                    images = images.to(torch.bfloat16)
-                if core.channels_last:
-                    images = images.permute(0, 3, 1, 2)  # NHWC storage == channels_last NCHW view
-                images = self._erased(images, batch)
-                labels = torch.from_numpy(labels_np).pin_memory().to(core.device, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(stream)
+            images = torch.empty(shape, dtype=torch_dtype, device=core.device)
+            feed_ndarray(dali_tensor, images, cuda_stream=core.stream)
+        if core.dtype == torch.bfloat16:
+            images = images.to(torch.bfloat16)
+        if core.channels_last:
+            images = images.permute(0, 3, 1, 2)  # NHWC storage == channels_last NCHW view
+        return images
+
+    def _convert(self, tl, batch: Batch):
+        core = self.core
+        labels_np = core.labels[batch.indices]
+        if core.host_finish:
+            done = self._finished_on_host(tl, batch, labels_np)
+            if done is None:  # stopping
+                return None
+            images, labels, event = done
+            if core.stage is not None:
+                images = self._augmented_on_host(images, batch)
+            return images, labels, event
+        if core.stream is None:
+            return self._to_torch(tl.as_tensor()), torch.from_numpy(labels_np), None
+        stream = core.stream
+        with torch.cuda.stream(stream):
+            images = self._to_torch(tl.as_tensor())
+            labels = torch.from_numpy(labels_np).pin_memory().to(core.device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
         return images, labels, event
 
     def _put(self, item: Any) -> bool:

@@ -168,7 +168,7 @@ class _Canvas:
 
 
 _BILINEAR = 2  # PIL.Image.Resampling.BILINEAR
-#: PIL's resampling filter of each interpolation name (fastload.settings.INTERPOLATIONS): what
+#: PIL's resampling filter of each interpolation name (fastload.augment.settings.INTERPOLATIONS): what
 #: torchvision's PIL path passes for InterpolationMode.NEAREST/BILINEAR/BICUBIC/LANCZOS.
 PIL_FILTERS = {"nearest": 0, "bilinear": 2, "bicubic": 3, "lanczos": 1}
 _CORE: list = []  # [ops or None] once checked

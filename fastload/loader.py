@@ -4,7 +4,7 @@ This module checks the arguments, resolves where the images come from (a packed 
 :class:`fastload.Dataset`, another loader's view, a torchvision dataset through
 :mod:`fastload.cache`), and answers the DataLoader surface (``len``, ``sampler``,
 ``batch_sampler``, ``dataset``, ``set_epoch``, ``__iter__``, ``close``). The work is done
-below it: :mod:`fastload.settings` checks what is done to each image, :mod:`fastload.sampler`
+below it: :mod:`fastload.augment.settings` checks what is done to each image, :mod:`fastload.sampler`
 and :mod:`fastload.dlcompat` decide which samples each batch holds, :mod:`fastload.core`
 runs the DALI graph of :mod:`fastload.pipeline`, :mod:`fastload.epochs` produces each epoch
 in a background thread and hands its batches over on the consumer's CUDA stream, and
@@ -40,7 +40,7 @@ from .reader import Dataset
 from .remote.url import is_url
 from .resume import STATE_VERSION, Shape, make_state, merge_states, resume_position
 from .sampler import MAX_BATCH, MAX_SEED, ORDERS, EpochSampler, block_size_for
-from .settings import FIELDS, IMAGENET_MEAN, IMAGENET_STD, MAX_SIDE, Augment
+from .augment.settings import FIELDS, IMAGENET_MEAN, IMAGENET_STD, MAX_SIDE, Augment
 from .views import LoaderDataset
 
 __all__ = ["FastLoader", "IMAGENET_MEAN", "IMAGENET_STD", "MAX_SIDE", "MAX_THREADS", "STATE_VERSION"]

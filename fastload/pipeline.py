@@ -102,12 +102,14 @@ class GraphSpec:
     prefetch: int
     hw_decoder_load: float | None
     host_finish: bool = False  # training on CPU: return the decoded crops; the loader resizes them
-    interpolation: str = "bilinear"  # fastload.settings.INTERPOLATIONS: DALI's interp_type of every resize
+    interpolation: str = "bilinear"  # fastload.augment.settings.INTERPOLATIONS: DALI's interp_type of every resize
     # the mixed decoder's buffers (see decoder_sizing); ignored on the CPU
     device_memory_padding: int = DALI_DEVICE_PADDING
     host_memory_padding: int = DALI_HOST_PADDING
     preallocate_width_hint: int = 0
     preallocate_height_hint: int = 0
+    # training: the augmentation stage (fastload.augment.stage.GraphStage) between the crop and the normalisation, or None
+    stage: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,26 +256,53 @@ def encoded_batch(payloads: Sequence[Any]):
     return TensorListCPU([TensorCPU(p) for p in payloads], None, False)
 
 
+def _normalise_kw(spec: GraphSpec) -> dict:
+    """``crop_mirror_normalize``'s mean, std, dtype and layout for ``spec``."""
+    _, _, types = import_dali()
+    mean, std = ([0.0, 0.0, 0.0], [1.0, 1.0, 1.0]) if spec.mean is None else (list(spec.mean), list(spec.std))
+    out_dtype = {"float32": types.FLOAT, "float16": types.FLOAT16, "uint8": types.UINT8}[spec.out_dtype]
+    return {"mean": mean, "std": std, "dtype": out_dtype, "output_layout": "HWC" if spec.channels_last else "CHW"}
+
+
+def _augmented(spec: GraphSpec, img: Any, inputs: Sequence[Any], device: str) -> Any:
+    """The stage's operations on the uint8 HWC crops ``img``, normalised, then erased (its ``inputs`` as fed)."""
+    _, fn, _ = import_dali()
+    stage = spec.stage
+    img = stage.apply(img, inputs)
+    kw = _normalise_kw(spec)
+    img = fn.crop_mirror_normalize(img, device=device, **kw)
+    value = stage.erasing.value if stage.erasing is not None else ()
+    return stage.erase(img, inputs, layout=kw["output_layout"], value=value, dtype=kw["dtype"])
+
+
+def _stage_inputs(spec: GraphSpec) -> tuple[list, list, list]:
+    """dtypes, ndims and layouts of the stage's inputs (:meth:`~fastload.augment.stage.GraphStage.feed`)."""
+    _, _, types = import_dali()
+    kinds = spec.stage.input_kinds("HWC" if spec.channels_last else "CHW")
+    dt = {"int32": types.INT32, "float32": types.FLOAT}
+    return [dt[k[0]] for k in kinds], [k[1] for k in kinds], [k[2] for k in kinds]
+
+
 def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
     """Build the DALI pipeline. ``source()`` returns one batch as a tuple of lists,
     ``(encoded uint8 arrays, anchors float32 [x, y], shapes float32 [w, h], flips int32)``
-    when training (without the flips when ``host_finish``) and ``(encoded uint8 arrays,
-    resized sizes float32 [h, w], crop corners float32 [x, y])`` for evaluation (see
-    :func:`fastload.augment.eval_params`), or raises ``StopIteration``
-    at the end of an epoch. Returns the built pipeline,
-    whose single output is the image batch.
+    when training (without the flips when ``host_finish``; followed by the stage's inputs when
+    ``spec.stage``) and ``(encoded uint8 arrays, resized sizes float32 [h, w], crop corners
+    float32 [x, y])`` for evaluation (see :func:`fastload.augment.eval_params`), or raises
+    ``StopIteration`` at the end of an epoch. Returns the built pipeline, whose single output
+    is the image batch.
     """
     dali, fn, types = import_dali()
     gpu = spec.device_id is not None
     dec_device = "mixed" if gpu else "cpu"
     op_device = "gpu" if gpu else "cpu"
     dec_kw = decoder_args(spec)
-    out_dtype = {"float32": types.FLOAT, "float16": types.FLOAT16, "uint8": types.UINT8}[spec.out_dtype]
-    layout = "HWC" if spec.channels_last else "CHW"
     interp = {"nearest": types.INTERP_NN, "bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC,
               "lanczos": types.INTERP_LANCZOS3}[spec.interpolation]  # fmt: skip
     # torchvision's PIL path: antialiased except nearest (PIL's NEAREST picks the source pixel)
     resize_kw = {"interp_type": interp, "antialias": spec.interpolation != "nearest"}
+    staged = spec.train and not spec.host_finish and spec.stage is not None
+    extra = _stage_inputs(spec) if staged else ([], [], [])
 
     @dali.pipeline_def(
         batch_size=spec.batch_size,
@@ -281,6 +310,7 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
         device_id=spec.device_id,
         prefetch_queue_depth=spec.prefetch,
         seed=0,
+        enable_conditionals=staged,
     )
     def graph():
         if spec.train and spec.host_finish:
@@ -291,17 +321,21 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
                 enc, anchor, shape, device=dec_device, normalized_anchor=False, normalized_shape=False, **dec_kw
             )
         if spec.train:
-            enc, anchor, shape, flip = fn.external_source(
+            enc, anchor, shape, flip, *inputs = fn.external_source(
                 source=source,
-                num_outputs=4,
+                num_outputs=4 + len(extra[0]),
                 batch=True,
-                dtype=[types.UINT8, types.FLOAT, types.FLOAT, types.INT32],
-                ndim=[1, 1, 1, 0],
+                dtype=[types.UINT8, types.FLOAT, types.FLOAT, types.INT32, *extra[0]],
+                ndim=[1, 1, 1, 0, *extra[1]],
+                layout=["", "", "", "", *extra[2]],
             )
             img = fn.decoders.image_slice(
                 enc, anchor, shape, device=dec_device, normalized_anchor=False, normalized_shape=False, **dec_kw
             )
             img = fn.resize(img, device=op_device, size=[spec.crop, spec.crop], **resize_kw)
+            if staged:  # flipped before the operations, as torchvision's RandomHorizontalFlip comes first
+                img = fn.flip(img, device=op_device, horizontal=flip, vertical=0)
+                return _augmented(spec, img, inputs, op_device)  # per-sample inputs stay on the CPU
             crop_kw: dict = {"mirror": flip}
         else:  # torchvision's Resize + CenterCrop, exactly: sizes and corners come from the host
             enc, size, corner = fn.external_source(
@@ -311,20 +345,26 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
             img = fn.resize(img, device=op_device, size=size, **resize_kw)  # size is (height, width)
             img = fn.slice(img, corner, [float(spec.crop), float(spec.crop)], normalized_anchor=False, normalized_shape=False)
             crop_kw = {}
-        if spec.mean is None:
-            mean, std = [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]
-        else:
-            mean, std = list(spec.mean), list(spec.std)
-        img = fn.crop_mirror_normalize(
-            img,
-            device=op_device,
-            mean=mean,
-            std=std,
-            dtype=out_dtype,
-            output_layout=layout,
-            **crop_kw,
-        )
-        return img
+        return fn.crop_mirror_normalize(img, device=op_device, **_normalise_kw(spec), **crop_kw)
+
+    pipe = graph()
+    pipe.build()
+    return pipe
+
+
+def build_augment_pipeline(spec: GraphSpec):
+    """The stage alone, on the CPU, for crops finished on the host: fed with ``feed_input`` before each run,
+    ``"images"`` (uint8 NHWC) then ``"stage0"``, ``"stage1"``... (the stage's inputs in the order of its feed)."""
+    dali, fn, types = import_dali()
+    dts, nds, lays = _stage_inputs(spec)
+
+    @dali.pipeline_def(batch_size=spec.batch_size, num_threads=spec.num_threads, device_id=None, prefetch_queue_depth=1,
+                       exec_async=False, exec_pipelined=False, seed=0, enable_conditionals=True)  # fmt: skip
+    def graph():
+        img = fn.external_source(name="images", dtype=types.UINT8, ndim=3, layout="HWC")
+        inputs = [fn.external_source(name=f"stage{i}", dtype=d, ndim=n, layout=lay or None)
+                  for i, (d, n, lay) in enumerate(zip(dts, nds, lays))]  # fmt: skip
+        return _augmented(spec, img, inputs, "cpu")
 
     pipe = graph()
     pipe.build()

@@ -46,7 +46,7 @@ Training augmentations after the crop become the Augment's ``jitter`` (``ColorJi
 ``RandomApply([ColorJitter], p)``), ``grayscale``, ``trivial`` (``TrivialAugmentWide``),
 ``policy`` (torchvision's and timm's ``RandAugment``/``AutoAugment``; ``RandomApply``,
 ``RandomChoice``, ``RandomOrder`` of colour operations, ``GaussianBlur``, ``RandomSolarize``
-and the like, read by :mod:`fastload.readaug`) and ``erasing`` (``RandomErasing`` after the last
+and the like, read by :mod:`fastload.augment.readaug`) and ``erasing`` (``RandomErasing`` after the last
 ``Normalize``); colour steps in another order than policy, jitter, grayscale: one chain, in order.
 
 Interpolation: ``NEAREST``, ``BILINEAR`` (the default), ``BICUBIC`` and ``LANCZOS`` (or PIL's
@@ -67,12 +67,12 @@ import operator
 import re
 from typing import TYPE_CHECKING, Any
 
-from . import readaug
+from .augment import readaug
 from .errors import ConfigError, printable
 from .tvkinds import Kinds, flatten, views
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .settings import Augment
+    from .augment.settings import Augment
 
 __all__ = ["translate"]
 
@@ -154,7 +154,7 @@ def _side(step: _Step, value: Any, what: str, *, allow_pair: bool) -> int:
 
 
 def _interpolation(step: _Step, t: Any, tv: Kinds, tensor: bool) -> str:
-    """The step's resampling filter, one of fastload.settings.INTERPOLATIONS, or a ConfigError."""
+    """The step's resampling filter, one of fastload.augment.settings.INTERPOLATIONS, or a ConfigError."""
     mode = getattr(t, "interpolation", "bilinear")
     if isinstance(mode, (tuple, list)):  # timm's interpolation="random"
         raise step.fail(
@@ -219,11 +219,11 @@ class _State:
         self.M = [0.0, 0.0, 0.0]
         self.S = [1.0, 1.0, 1.0]
         self.converted_by: _Step | None = None
-        self.erasing: tuple[Any, _Step] | None = None  # (fastload.settings.Erasing, its step)
-        self.jitter: tuple[Any, _Step] | None = None  # (fastload.settings.Jitter, its step)
+        self.erasing: tuple[Any, _Step] | None = None  # (fastload.augment.settings.Erasing, its step)
+        self.jitter: tuple[Any, _Step] | None = None  # (fastload.augment.settings.Jitter, its step)
         self.gray: tuple[float, _Step] | None = None  # (RandomGrayscale's p, its step)
-        self.trivial: tuple[Any, _Step] | None = None  # (fastload.settings.Trivial, its step)
-        self.policy: tuple[Any, _Step] | None = None  # (fastload.settings.Policy, its step)
+        self.trivial: tuple[Any, _Step] | None = None  # (fastload.augment.settings.Trivial, its step)
+        self.policy: tuple[Any, _Step] | None = None  # (fastload.augment.settings.Policy, its step)
         self.crop: int | None = None  # the training crop's side (set before each step)
         self.form: str | None = None  # the geometric form so far (set before each step)
         self.ordered = False  # jitter and grayscale are stages of the chain policy, in the user's order
@@ -398,7 +398,7 @@ def _normalize(step: _Step, t: Any, tv: Kinds, st: _State, kind: str) -> None:
 
 def _erasing(step: _Step, t: Any, tv: Kinds, st: _State, kind: str) -> None:
     """``RandomErasing`` on the tensor, after the last Normalize (its value in the batch's own units)."""
-    from .settings import Erasing
+    from .augment.settings import Erasing
 
     if not st.tensor:
         raise step.fail("RandomErasing needs a tensor (torchvision raises on a PIL image): put it after ToTensor()")
@@ -471,7 +471,7 @@ def _append(step: _Step, st: _State, *stages: Any) -> None:
 
 def _trivial(step: _Step, t: Any, tv: Kinds, st: _State, kind: str) -> None:
     """``TrivialAugmentWide`` on the training crop's uint8 pixels, before any colour step."""
-    from .settings import Trivial
+    from .augment.settings import Trivial
 
     _colour_place(step, st, "TrivialAugmentWide")
     _on_pixels(step, st, tv, "TrivialAugmentWide", pil_only=False)
@@ -520,7 +520,7 @@ def _chain(step: _Step, t: Any, tv: Kinds, st: _State, kind: str) -> None:
     as stages of a chain policy, in the auto-augment place, or after a jitter or grayscale in the user's
     order (:func:`_fold`); ``RandomApply([ColorJitter])`` and ``RandomApply([RandomGrayscale])`` become
     the jitter's and the grayscale's own probability."""
-    from .settings import Stage
+    from .augment.settings import Stage
 
     inner = list(t.transforms) if kind in ("random_apply", "random_choice", "random_order") else [t]
     if kind == "random_order" and len(inner) > 5:
@@ -608,7 +608,7 @@ def _unknown_step(step: _Step, t: Any, tv: Kinds) -> None:
 
 def _result(transform: Any, shape: _Shape, st: _State, tv: Kinds) -> "Augment":
     """The Augment of a walked transform, or a ConfigError where it does not end in one batchable form."""
-    from .settings import Augment
+    from .augment.settings import Augment
 
     if shape.flip_step is not None and shape.form != "train":
         raise shape.flip_step.fail(
@@ -660,7 +660,7 @@ def translate(transform: Any) -> "Augment":
             understood.
 
     Returns:
-        an :class:`~fastload.settings.Augment` (``channels_last`` False): ``resize`` is None
+        an :class:`~fastload.augment.settings.Augment` (``channels_last`` False): ``resize`` is None
         for training (unused); ``scale``, ``ratio`` are FastLoader's
         defaults and ``flip`` is 0.0 for evaluation (unused); ``mean``/``std`` are tuples
         in 0..1 units, or both None for uint8 output.

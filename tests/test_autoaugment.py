@@ -27,8 +27,8 @@ from torchvision.transforms import v2  # noqa: E402
 
 from fastload.augment import erase_boxes  # noqa: E402
 from fastload.batchaug import policy as run_policy  # noqa: E402
-from fastload.policies import TIMM_OPS, plan, timm_args  # noqa: E402
-from fastload.settings import Erasing, Op, Policy  # noqa: E402
+from fastload.augment.policies import TIMM_OPS, plan, timm_args  # noqa: E402
+from fastload.augment.settings import Erasing, Op, Policy  # noqa: E402
 from fastload.transforms import translate  # noqa: E402
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -281,7 +281,7 @@ def test_erasing_noise_is_standard_normal_where_it_erases_and_nowhere_else(pixel
     assert torch.equal(y, z)  # the same seed, the same noise
     values = []
     for j in range(len(x)):
-        mask = (x[j] != y[j]).any(0)
+        mask = ((x[j] - y[j]).abs() > 1e-4).any(0)  # normalised by the graph vs the host: a few ulps apart elsewhere
         if not mask.any():
             continue
         rows, cols = mask.any(1).nonzero(), mask.any(0).nonzero()

@@ -23,7 +23,7 @@ from torchvision.transforms import v2  # noqa: E402
 
 from fastload.augment import color_params  # noqa: E402
 from fastload.batchaug import policy as run_policy  # noqa: E402
-from fastload.policies import plan  # noqa: E402
+from fastload.augment.policies import plan  # noqa: E402
 from fastload.transforms import translate  # noqa: E402
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

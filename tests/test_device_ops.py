@@ -37,7 +37,7 @@ from torchvision.transforms.autoaugment import _apply_op  # noqa: E402
 
 from fastload.batchaug import TIMM_HOST_OPS, tensor_op  # noqa: E402
 from fastload.batchaug import policy as run_policy  # noqa: E402
-from fastload.policies import plan  # noqa: E402
+from fastload.augment.policies import plan  # noqa: E402
 from fastload.transforms import translate  # noqa: E402
 
 NAN = math.nan

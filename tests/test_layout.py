@@ -157,10 +157,10 @@ def test_no_function_is_over_the_size_of_one_step():
 
 def test_the_loader_is_split_by_job():
     """The read side's rooms of issue 'the read side in rooms': facade, settings, resume state, core, producer."""
-    assert {"fastload.loader", "fastload.settings", "fastload.resume", "fastload.core", "fastload.epochs"} <= set(MODULES)
+    assert {"fastload.loader", "fastload.augment.settings", "fastload.resume", "fastload.core", "fastload.epochs"} <= set(MODULES)
     imports = {m for m, _w, _l in _imports("fastload.loader", MODULES["fastload.loader"])}
-    assert {"fastload.core", "fastload.epochs", "fastload.resume", "fastload.settings"} <= imports
+    assert {"fastload.core", "fastload.epochs", "fastload.resume", "fastload.augment.settings"} <= imports
     # the arrows point one way: nothing below the facade reaches back up to it
-    for low in ("fastload.core", "fastload.epochs", "fastload.resume", "fastload.settings"):
+    for low in ("fastload.core", "fastload.epochs", "fastload.resume", "fastload.augment.settings"):
         assert "fastload.loader" not in {m for m, _w, _l in _imports(low, MODULES[low])}, low
     assert "fastload.epochs" not in {m for m, _w, _l in _imports("fastload.core", MODULES["fastload.core"])}

@@ -21,7 +21,7 @@ from torchvision import transforms as T  # noqa: E402
 from torchvision.transforms import InterpolationMode  # noqa: E402
 from torchvision.transforms import v2  # noqa: E402
 
-from fastload.settings import Erasing, Jitter, Op, Stage, Trivial  # noqa: E402
+from fastload.augment.settings import Erasing, Jitter, Op, Stage, Trivial  # noqa: E402
 from fastload.transforms import translate  # noqa: E402
 from fastload.tvkinds import outputs_equal  # noqa: E402
 

@@ -49,7 +49,7 @@ def test_import_fastload_stays_light():
 
 
 def test_augment_is_the_settings_object_of_the_loader_and_the_translator():
-    from fastload.settings import Augment
+    from fastload.augment.settings import Augment
     from fastload.transforms import translate
 
     assert fastload.Augment is Augment

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from fastload.errors import ConfigError
-from fastload.settings import Augment
+from fastload.augment.settings import Augment
 from fastload.transforms import translate as translate_augment
 
 

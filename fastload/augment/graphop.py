@@ -1,7 +1,7 @@
 """The contract between a step the host draws and the DALI operator that carries it out, sample by sample.
 
 A :class:`GraphOp` is one operation of one library (``"timm"`` or ``"torchvision"``) at one
-interpolation. The host turns the step's arguments (what :func:`fastload.policies.plan` and
+interpolation. The host turns the step's arguments (what :func:`fastload.augment.policies.plan` and
 :func:`fastload.augment.trivial_params` draw) into at most :data:`ARGS` floats per sample
 (:attr:`GraphOp.host`); the graph receives them as one float32 ``[ARGS]`` tensor per sample
 through ``external_source`` and applies the operation to the uint8 HWC image

@@ -6,7 +6,7 @@ torch.set_num_threads(1)
 from torchvision import transforms as T
 from timm.data import create_transform
 from fastload.transforms import translate
-from fastload.policies import plan
+from fastload.augment.policies import plan
 from fastload.batchaug import policy
 from fastload.host import DecodePool
 pooled = sys.argv[1] == "pool"

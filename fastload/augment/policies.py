@@ -1,6 +1,6 @@
 """The draws of RandAugment and AutoAugment (torchvision's and timm's) per image, as pure functions of (seed, epoch, position).
 
-A :class:`~fastload.settings.Policy` says which operations an image may get; :func:`plan`
+A :class:`~fastload.augment.settings.Policy` says which operations an image may get; :func:`plan`
 decides, for each sample of a batch, the operations it gets, in order, with their
 arguments, from FastLoader's counter-based uniforms (:func:`fastload.augment.uniforms`),
 so the same seed gives the same images on any batch size, world size and after a resume.
@@ -35,7 +35,7 @@ import math
 
 import numpy as np
 
-from .augment import uniforms
+from .draws import uniforms
 from .settings import Op, Policy, Stage
 
 #: Mixed into the seed of the policy draws, independent of the crop, colour and erasing draws.

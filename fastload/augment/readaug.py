@@ -13,7 +13,7 @@ import dataclasses
 import math
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .policies import TIMM_OPS, TORCHVISION_OPS
 from .settings import Erasing, Jitter, Op, Policy, Stage
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigError, as_int
+from ..errors import ConfigError, as_int
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -126,7 +126,7 @@ class Op:
                 raise ConfigError(f"policy operation {self.name} kernel must be odd sizes, got {self.kernel!r}")
             object.__setattr__(self, "kernel", k)
         if self.jitter is not None and (not isinstance(self.jitter, Jitter) or self.jitter.p != 1.0):
-            raise ConfigError(f"policy operation {self.name} jitter must be a fastload.settings.Jitter with p=1, got {self.jitter!r}")
+            raise ConfigError(f"policy operation {self.name} jitter must be a fastload.augment.settings.Jitter with p=1, got {self.jitter!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -148,7 +148,7 @@ class Stage:
         object.__setattr__(self, "p", check_probability("stage p", self.p))
         groups = tuple(tuple(g) for g in self.groups)
         if not groups or not all(isinstance(o, Op) for g in groups for o in g):
-            raise ConfigError(f"a stage needs groups of fastload.settings.Op, got {self.groups!r}")
+            raise ConfigError(f"a stage needs groups of fastload.augment.settings.Op, got {self.groups!r}")
         object.__setattr__(self, "groups", groups)
         if self.weights is not None:
             try:
@@ -202,12 +202,12 @@ class Policy:
         ops = tuple(self.ops)
         subs = tuple(tuple(s) for s in self.sub_policies)
         if not all(isinstance(o, Op) for o in ops + tuple(o for s in subs for o in s)):
-            raise ConfigError("policy ops and sub_policies must hold fastload.settings.Op objects")
+            raise ConfigError("policy ops and sub_policies must hold fastload.augment.settings.Op objects")
         need = {"rand": ("ops", ops), "auto": ("sub_policies", subs), "chain": ("stages", tuple(self.stages))}[self.kind]
         if not need[1]:
             raise ConfigError(f"a {self.kind!r} policy needs {need[0]}, got none")
         if not all(isinstance(st, Stage) for st in self.stages) or (self.stages and self.library != "torchvision"):
-            raise ConfigError("policy stages must be fastload.settings.Stage objects, of a torchvision policy")
+            raise ConfigError("policy stages must be fastload.augment.settings.Stage objects, of a torchvision policy")
         object.__setattr__(self, "stages", tuple(self.stages))
         if self.weights is not None:
             try:
@@ -424,19 +424,19 @@ class Augment:
                 f"interpolation must be one of {', '.join(map(repr, INTERPOLATIONS))}, got {self.interpolation!r}"
             )
         if self.erasing is not None and not isinstance(self.erasing, Erasing):
-            raise ConfigError(f"erasing must be a fastload.settings.Erasing or None, got {self.erasing!r}")
+            raise ConfigError(f"erasing must be a fastload.augment.settings.Erasing or None, got {self.erasing!r}")
         if self.jitter is not None and not isinstance(self.jitter, Jitter):
-            raise ConfigError(f"jitter must be a fastload.settings.Jitter or None, got {self.jitter!r}")
+            raise ConfigError(f"jitter must be a fastload.augment.settings.Jitter or None, got {self.jitter!r}")
         if self.jitter is not None and all(p is None for p in self.jitter.parts):
             object.__setattr__(self, "jitter", None)
         object.__setattr__(self, "grayscale", check_probability("grayscale", self.grayscale))
         if (self.jitter is not None or self.grayscale > 0) and not self.train:
             raise ConfigError("jitter and grayscale apply to training batches (train=True), as in a training transform")
         if self.trivial is not None and (not isinstance(self.trivial, Trivial) or not self.train):
-            raise ConfigError(f"trivial must be a fastload.settings.Trivial for training batches, got {self.trivial!r}")
+            raise ConfigError(f"trivial must be a fastload.augment.settings.Trivial for training batches, got {self.trivial!r}")
         if self.policy is not None and (not isinstance(self.policy, Policy) or not self.train or self.trivial is not None):
             raise ConfigError(
-                f"policy must be a fastload.settings.Policy for training batches, without trivial, got {self.policy!r}"
+                f"policy must be a fastload.augment.settings.Policy for training batches, without trivial, got {self.policy!r}"
             )
         if self.erasing is not None and self.erasing.noise is not None and self.mean is None:
             raise ConfigError("erasing noise needs float (normalised) batches: give mean and std")

@@ -1,0 +1,133 @@
+"""The augmented batch path does per batch what it does whatever the batch size: its pixels are the graph's.
+
+DeiT's recipe (timm RandAugment ``rand-m9-mstd0.5-inc1``, bicubic, pixel-noise erasing) and
+torchvision's ``ta_wide`` recipe run through ``FastLoader`` at batch 8 and batch 128. In the
+producer thread, a ``TorchDispatchMode`` records every torch operation of each batch's
+conversion, and the per-image functions a Python loop would call (PIL's image operations,
+torchvision's functional transforms, timm's operations) are watched: the same torch operations
+at both batch sizes, none moving data between devices, and none of the per-image functions.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import fastload
+from fastload.epochs import EpochRun
+
+T = pytest.importorskip("torchvision.transforms")
+timm_data = pytest.importorskip("timm.data")
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+class Recorder(TorchDispatchMode):
+    """Every aten operation dispatched, and the devices each one's tensors are on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+        self.devices: list[set] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        seen = {a.device.type for a in torch.utils._pytree.tree_leaves((args, kwargs, out)) if isinstance(a, torch.Tensor)}
+        self.ops.append(str(func.overloadpacket))
+        self.devices.append(seen)
+        return out
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory):
+    """136 small images of seeded noise (a batch of 128 needs that many), packed."""
+    base = tmp_path_factory.mktemp("dispatch")
+    rng = np.random.default_rng(0)
+    for i in range(136):
+        d = base / "src" / f"c{i % 2}"
+        d.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (40 + i % 7, 48, 3), dtype=np.uint8)).save(d / f"{i:03d}.png")
+    fastload.pack(base / "src", base / "packed", workers=1, progress=False)
+    return base / "packed"
+
+
+def _deit():
+    return timm_data.create_transform(32, is_training=True, auto_augment="rand-m9-mstd0.5-inc1",
+                                      interpolation="bicubic", re_prob=0.25, re_mode="pixel")  # fmt: skip
+
+
+def _ta_wide():
+    return T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.TrivialAugmentWide(), T.PILToTensor(),
+                      T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD), T.RandomErasing(0.25)])  # fmt: skip
+
+
+#: What a per-image Python loop over a batch would call: PIL's operations, torchvision's and timm's functions.
+WATCHED = [
+    (Image.Image, "transform"), (Image.Image, "rotate"), (Image.Image, "filter"), (Image.Image, "point"),
+    (Image, "fromarray"), (Image, "blend"),
+]
+
+
+def _first_batch(packed, batch: int, transform, monkeypatch) -> tuple[Recorder, collections.Counter]:
+    import torchvision.transforms.functional as F
+    from PIL import ImageEnhance, ImageOps
+    from timm.data import auto_augment
+
+    calls: collections.Counter = collections.Counter()
+    producer: list[threading.Thread] = []
+    watched = list(WATCHED) + [(ImageOps, n) for n in ("equalize", "autocontrast", "solarize", "posterize", "invert")]
+    watched += [(ImageEnhance._Enhance, "enhance")] + [(F, n) for n in ("affine", "rotate", "adjust_brightness", "equalize")]
+    watched += [(auto_augment, n) for n in ("rotate", "shear_x", "translate_x_abs", "color", "solarize")]
+    for owner, name in watched:
+        orig = getattr(owner, name)
+
+        def spy(*a, __orig=orig, __name=name, **k):
+            if threading.current_thread() in producer:
+                calls[__name] += 1
+            return __orig(*a, **k)
+
+        monkeypatch.setattr(owner, name, spy)
+    rec = Recorder()
+    convert = EpochRun._convert
+
+    def recorded(self, tl, b):
+        producer[:] = [threading.current_thread()]
+        with rec:
+            return convert(self, tl, b)
+
+    monkeypatch.setattr(EpochRun, "_convert", recorded)
+    with fastload.FastLoader(packed, batch, device="cpu", transform=transform, seed=5, num_threads=2) as ld:
+        x, y = next(iter(ld))
+    assert x.shape == (batch, 3, 32, 32) and x.dtype == torch.float32
+    return rec, calls
+
+
+@pytest.mark.parametrize("recipe", [_deit, _ta_wide], ids=["deit", "ta_wide"])
+def test_the_batch_path_dispatches_the_same_work_at_batch_8_and_128(many, recipe, monkeypatch):
+    small, small_calls = _first_batch(many, 8, recipe(), monkeypatch)
+    big, big_calls = _first_batch(many, 128, recipe(), monkeypatch)
+    assert small.ops and small.ops == big.ops  # the same torch operations, however many images
+    assert all(d <= {"cpu"} for d in small.devices + big.devices)  # nothing crosses devices on the batch path
+    assert not small_calls and not big_calls, (small_calls, big_calls)  # no per-image PIL/torchvision/timm call
+
+
+def test_the_spies_see_a_per_image_loop(many, monkeypatch):
+    """The check above can fail: the same spies catch a per-image PIL loop run in the producer thread."""
+    convert = EpochRun._convert
+
+    def with_a_loop(self, tl, b):
+        out = convert(self, tl, b)
+        for img in out[0]:
+            u8 = (img.clamp(-2, 2) * 50 + 128).to(torch.uint8).permute(1, 2, 0).contiguous().numpy()
+            Image.fromarray(u8).rotate(10)
+        return out
+
+    monkeypatch.setattr(EpochRun, "_convert", with_a_loop)
+    rec, calls = _first_batch(many, 8, _ta_wide(), monkeypatch)
+    assert calls["rotate"] == 8 and calls["fromarray"] == 8
