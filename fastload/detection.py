@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
-import operator
 import os
 import reprlib
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,6 +44,8 @@ from .dlcompat import rank_and_world
 from .errors import ConfigError, CorruptDataError, as_int
 from .imaging import pil_settings
 from .reader import Dataset
+from .resume import Shape, make_state, resume_position
+from .sampler import MAX_SEED, EpochSampler
 
 #: Fields a target dict may hold besides ``boxes``: one row per box, or one value per image.
 _PER_BOX_KINDS = ("ragged",)
@@ -70,11 +71,6 @@ def transform_boxes(boxes: np.ndarray, size: tuple[int, int], new_size: tuple[in
     return out
 
 
-#: The version of :meth:`DetectionLoader.state_dict`'s layout.
-STATE_FORMAT = "fastload.DetectionLoader"
-STATE_VERSION = 1
-#: The state's fields that decide an epoch's order and batches: a state is loaded only where they agree.
-_STATE_KEYS = ("seed", "num_samples", "batch_size", "world_size", "rank", "shuffle", "drop_last")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,10 +204,7 @@ class DetectionLoader:
         if isinstance(min_box_size, bool) or not isinstance(min_box_size, (int, float)) or not 1.0 <= min_box_size < math.inf:
             raise ConfigError(f"min_box_size must be a number >= 1 (output pixels, as SanitizeBoundingBoxes' min_size), got {reprlib.repr(min_box_size)}")
         self.min_box_size = float(min_box_size)
-        try:
-            self.seed = operator.index(seed)
-        except TypeError:
-            raise ConfigError(f"seed must be an int, got {reprlib.repr(seed)}") from None
+        self.seed = as_int("seed", seed, lo=0, hi=MAX_SEED)
         try:
             self.device = torch.device(device)
         except (RuntimeError, TypeError):
@@ -230,8 +223,12 @@ class DetectionLoader:
 
             m = self.dataset.manifest
             self._dali = DaliImages(batch_size=self.batch_size, num_threads=self.num_threads, device=self.device, stats=m.stats, max_pixels=m.max_pixels)
+        # the order, its shares among ranks and the resume state are FastLoader's own (fastload.sampler, fastload.resume)
+        self._plan = EpochSampler(num_samples=len(self.dataset), batch_size=self.batch_size, shuffle=shuffle,
+                                  drop_last=drop_last, seed=self.seed, rank=self.rank, world_size=self.world_size)  # fmt: skip
         self.epoch = 0
-        self._done = 0  # batches of self.epoch served (or, before an iteration, to skip: load_state_dict)
+        self._done = 0  # batches of self.epoch served
+        self._resume_batch = 0  # where the next iteration starts (load_state_dict), as FastLoader's
 
     def _check_fields(self, fields: Any) -> tuple[str, ...]:
         schema = self.dataset.schema
@@ -265,75 +262,68 @@ class DetectionLoader:
         """Use epoch ``epoch``'s order, crops and flips on the next iteration, from its start (as
         ``DistributedSampler.set_epoch``)."""
         self.epoch = as_int("epoch", epoch, lo=0)
-        self._done = 0
+        self._done = self._resume_batch = 0
+        self._plan.resume(None)
 
     def __len__(self) -> int:
-        n = -(-len(self.dataset) // self.world_size)  # this rank's samples
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        return len(self._plan)
 
     def order(self, epoch: int) -> np.ndarray:
-        """This rank's sample indices of one epoch, in the order they are served."""
-        n = len(self.dataset)
-        full = np.arange(n) if not self.shuffle else np.random.default_rng([self.seed & 0xFFFFFFFF, epoch & 0xFFFFFFFF]).permutation(n)
-        total = -(-n // self.world_size) * self.world_size
-        full = np.concatenate([full, np.resize(full, total - n)]) if total > n else full
-        return full[self.rank :: self.world_size]
+        """This rank's sample indices of one epoch (from its start), in the order they are served."""
+        return np.concatenate([b.indices for b in self._plan.batches(epoch)] or [np.empty(0, dtype=np.int64)])
+
+    def _shape(self) -> Shape:
+        return Shape(seed=self.seed, num_samples=len(self.dataset), shuffle=self.shuffle, order="global", block_size=None,
+                     window=None, batch_size=self.batch_size, world_size=self.world_size, drop_last=self.drop_last, pad=True)  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader stands, as plain JSON-able data: the epoch and the batches of it served.
-
-        Taken inside a loop, after batch ``k`` was handed out, ``batches_done`` is ``k + 1``; after
-        a whole epoch it is the next epoch with 0 done. The crops and flips are functions of
-        ``(seed, epoch, sample)``, so the position alone says what the rest of the epoch holds.
-        """
-        state: dict[str, Any] = {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": int(self.epoch), "batches_done": int(self._done)}
-        state.update(seed=int(self.seed), num_samples=len(self.dataset), batch_size=self.batch_size, world_size=self.world_size,
-                     rank=self.rank, shuffle=self.shuffle, drop_last=self.drop_last)  # fmt: skip
-        return state
+        """Where this loader stands, as FastLoader's :meth:`~fastload.FastLoader.state_dict` says it (the same
+        layout, ``fastload.resume``): taken inside a loop after batch ``k`` was handed out, ``batches_done`` is
+        ``k + 1``; after a whole epoch it is the next epoch with 0 done. The crops and flips are functions of
+        ``(seed, epoch, sample)``, so the position alone says what the rest of the epoch holds."""
+        return make_state(self._plan, self._shape(), epoch=self.epoch, done=self._done)
 
     def load_state_dict(self, state: Any) -> None:
-        """Resume where ``state`` (:meth:`state_dict`) stood: the next iteration serves the rest of its epoch.
+        """Resume where ``state`` stood, on this world size and batch size or others, as FastLoader resumes.
 
         Raises:
-            ConfigError: not a DetectionLoader state, another version, or a state of another order
-                (seed, dataset size, batch size, shuffle, drop_last, rank or world size), naming the field.
+            ConfigError: not a state of this layout, or one saved by a loader whose order differs
+                (seed, dataset size, shuffle), naming the field.
         """
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ConfigError(f"state: not a DetectionLoader state_dict (format {reprlib.repr(state.get('format') if isinstance(state, dict) else state)}, want {STATE_FORMAT!r})")
-        if state.get("version") != STATE_VERSION:
-            raise ConfigError(f"state: version {reprlib.repr(state.get('version'))} is not one this fastload reads (it reads {STATE_VERSION})")
-        here = self.state_dict()
-        for k in _STATE_KEYS:
-            if state.get(k) != here[k]:
-                raise ConfigError(f"state: {k}={reprlib.repr(state.get(k))} was saved, this loader has {k}={here[k]!r}; resume with the same settings")
-        epoch = as_int("state['epoch']", state.get("epoch"), lo=0)
-        done = as_int("state['batches_done']", state.get("batches_done"), lo=0, hi=len(self))
-        self.epoch, self._done = epoch, done
+        at = resume_position(state, self._plan, self._shape(), sampler_name="")
+        self._plan.resume(at.epoch, at.consumed)
+        self.epoch, self._done = at.epoch, at.batch
+        self._resume_batch = at.batch
 
     def __iter__(self) -> Iterator[tuple[Any, list[dict[str, torch.Tensor]]]]:
-        epoch, skip = self.epoch, self._done
-        order = self.order(epoch)
-        flips = uniforms(self.seed, epoch, order, 1)[:, 0] < self.flip
-        starts = [s for s in range(0, len(order), self.batch_size) if not (self.drop_last and len(order) - s < self.batch_size)]
+        """A new pass over the current epoch, from its start (or where :meth:`load_state_dict` put it), as
+        FastLoader's: an iterator dropped early does not move the next one's start."""
+        epoch, skip = self.epoch, self._resume_batch
+        self._resume_batch = 0
+        return self._batches(epoch, skip)
+
+    def _batches(self, epoch: int, skip: int) -> Iterator[tuple[Any, list[dict[str, torch.Tensor]]]]:
+        planned = list(self._plan.batches(epoch, skip))
         with ThreadPoolExecutor(self.num_threads, thread_name_prefix="fastload-detect") as pool, ThreadPoolExecutor(
             1, thread_name_prefix="fastload-detect-graph"
         ) as graph, pil_settings():
 
-            def submit(start: int) -> Callable[[], list]:
-                idx = order[start : start + self.batch_size].tolist()
-                fl = [bool(f) for f in flips[start : start + len(idx)]]
+            def submit(b: Any) -> Callable[[], list]:
+                idx = b.indices.tolist()
+                fl = [bool(f) for f in uniforms(self.seed, epoch, b.indices, 1)[:, 0] < self.flip]
                 if self._dali is not None:
                     return graph.submit(self._dali_batch, pool, idx, fl, epoch).result
                 futs: list[Future] = [pool.submit(self._sample, i, epoch, f) for i, f in zip(idx, fl)]
                 return lambda: [f.result() for f in futs]
 
-            pending = submit(starts[skip]) if skip < len(starts) else None
-            for k in range(skip, len(starts)):
-                ahead = submit(starts[k + 1]) if k + 1 < len(starts) else None  # the next batch decodes while this one is used
+            pending = submit(planned[0]) if planned else None
+            for k, b in enumerate(planned):
+                ahead = submit(planned[k + 1]) if k + 1 < len(planned) else None  # the next batch decodes while this one is used
                 batch = self._collate(pending())
-                self._done = k + 1
+                self._done = b.number + 1
                 yield batch
                 pending = ahead
+        self._plan.resume(None)
         self.epoch, self._done = epoch + 1, 0
 
     def plan(self, boxes: np.ndarray, size: tuple[int, int], index: int, epoch: int, flip: bool) -> Plan:
