@@ -3,11 +3,12 @@
 Every operation here is one affine map in PIL's convention, the one both libraries end in
 (``Image.transform(size, Image.AFFINE, (a, b, c, d, e, f))``): the output pixel ``(x, y)`` takes the
 input at ``(a (x + .5) + b (y + .5) + c, d (x + .5) + e (y + .5) + f)``, pixel ``i`` covering
-``[i, i + 1)``. DALI's ``warp_affine`` with ``inverse_map=True`` uses the same convention, so the
-host sends the linear part and the translation, and the graph adds what depends on the image's size
-(the centre of a rotation, a translation relative to the side) and warps.
+``[i, i + 1)``. DALI's ``warp_affine`` with ``inverse_map=True`` uses the same convention. For shears
+and absolute translations the host sends the six entries; for rotations (cosine and sine) and relative
+translations (the fraction) it sends float32 high and low parts, and the graph builds the matrix from the
+image's size in float64, as PIL does in doubles.
 
-Two details make the result PIL's and not DALI's own:
+Three details make the result PIL's and not DALI's own:
 
 * PIL fills exactly where the sampling point falls outside ``[0, W) x [0, H)`` and interpolates the
   rest from the edge-clamped image; DALI blends its fill value into a band along the edge and takes one
@@ -16,6 +17,8 @@ Two details make the result PIL's and not DALI's own:
   warped at nearest with fill 1: that mask picks the fill, per channel.
 * PIL's bilinear and bicubic truncate to uint8; DALI rounds. So interpolated warps come out as float32
   and are floored before the cast.
+* PIL's nearest affine with a shear or rotation part steps in 16.16 fixed point: the matrix is rounded
+  the same way, or source points on whole pixels (a rotation's centre column) land one pixel off.
 
 DALI's ``warp_affine`` has nearest and linear only (``INTERP_CUBIC`` is refused on the CPU): bicubic is
 carried out as bilinear. ``benchmarks/results/graph-ops-geometry.md`` has what that costs, per operation.
