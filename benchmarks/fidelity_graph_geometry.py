@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from fastload.augment.graphop import apply_once  # noqa: E402
 from fastload.augment.ops_geometry import GEOMETRY_NAMES, geometry_op  # noqa: E402
-from test_graph_geometry import FILLS, MAGNITUDES, _gradient, _library, _noise  # noqa: E402
+from test_graph_geometry import FILLS, MAGNITUDES, gradient_image, library_output, noise_image  # noqa: E402
 
 LARGEST = {
     ("torchvision", "ShearX"): 0.99, ("torchvision", "ShearY"): 0.99, ("torchvision", "TranslateX"): 32.0,
@@ -39,9 +39,9 @@ def measure(library: str, name: str, interpolation: str, kind: str) -> tuple[int
     """(max, mean, fraction > 1 level) of |ours - library| over every size, magnitude and sign, on ``kind`` images."""
     fill = FILLS[library]
     cases = [(h, w, s * m) for h, w in SIZES for m in (MAGNITUDES[(library, name)], LARGEST[(library, name)]) for s in (1, -1)]
-    imgs = [_noise(h, w, seed=i) if kind == "noise" else _gradient(h, w) for i, (h, w, _) in enumerate(cases)]
+    imgs = [noise_image(h, w, seed=i) if kind == "noise" else gradient_image(h, w) for i, (h, w, _) in enumerate(cases)]
     outs = apply_once(geometry_op(library, name, interpolation, fill), imgs, [(m,) for _, _, m in cases])
-    diffs = [np.abs(o.astype(np.int16) - _library(i, library, name, m, interpolation, fill)).ravel() for i, o, (_, _, m) in zip(imgs, outs, cases)]
+    diffs = [np.abs(o.astype(np.int16) - library_output(i, library, name, m, interpolation, fill)).ravel() for i, o, (_, _, m) in zip(imgs, outs, cases)]
     d = np.concatenate(diffs)
     return int(d.max()), float(d.mean()), float((d > 1).mean())
 

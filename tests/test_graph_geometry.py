@@ -32,16 +32,16 @@ WHOLE_PIXELS = {("torchvision", "TranslateX"), ("torchvision", "TranslateY"), ("
 BICUBIC_NOISE = {"Rotate": (80, 16.0), "ShearX": (55, 11.0), "ShearY": (55, 11.0), "TranslateXRel": (45, 11.0), "TranslateYRel": (45, 11.0)}
 
 
-def _noise(h: int, w: int, seed: int) -> np.ndarray:
+def noise_image(h: int, w: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
 
 
-def _gradient(h: int, w: int) -> np.ndarray:
+def gradient_image(h: int, w: int) -> np.ndarray:
     y, x = np.mgrid[0:h, 0:w].astype(np.float64)
     return np.stack([x * 255 / (w - 1), y * 255 / (h - 1), (x + y) * 255 / (w + h - 2)], -1).round().astype(np.uint8)
 
 
-def _library(img: np.ndarray, library: str, name: str, m: float, interpolation: str, fill: tuple) -> np.ndarray:
+def library_output(img: np.ndarray, library: str, name: str, m: float, interpolation: str, fill: tuple) -> np.ndarray:
     """The library's own function on the PIL image: timm's NAME_TO_OP, torchvision's F.affine/F.rotate as _apply_op."""
     pil = Image.fromarray(img)
     if library == "timm":
@@ -68,10 +68,10 @@ def _table_run(library: str, name: str, interpolation: str) -> dict:
     fill = FILLS[library]
     op = geometry_op(library, name, interpolation, fill)
     keys = [(s, z) for s in (1, -1) for z in SIZES]
-    imgs = [_noise(*SIZES[z], seed=7 + i) for i, (_, z) in enumerate(keys)]
+    imgs = [noise_image(*SIZES[z], seed=7 + i) for i, (_, z) in enumerate(keys)]
     args = [(s * MAGNITUDES[(library, name)],) for s, _ in keys]
     ours = apply_once(op, imgs, args)
-    return {k: (o, _library(i, library, name, a[0], interpolation, fill)) for k, i, a, o in zip(keys, imgs, args, ours)}
+    return {k: (o, library_output(i, library, name, a[0], interpolation, fill)) for k, i, a, o in zip(keys, imgs, args, ours)}
 
 
 TABLE = [
@@ -99,10 +99,10 @@ def test_matches_library(library: str, name: str, interpolation: str, sign: int,
 @pytest.mark.parametrize("library,name", [("timm", "Rotate"), ("torchvision", "ShearX"), ("timm", "TranslateYRel")])
 def test_bicubic_on_a_smooth_image(library: str, name: str) -> None:
     """On a gradient (natural images are closer to it than to noise) bilinear for bicubic is a few levels off."""
-    img = _gradient(53, 37)
+    img = gradient_image(53, 37)
     m = MAGNITUDES[(library, name)]
     (ours,) = apply_once(geometry_op(library, name, "bicubic", FILLS[library]), [img], [(m,)])
-    d = np.abs(ours.astype(np.int16) - _library(img, library, name, m, "bicubic", FILLS[library]))
+    d = np.abs(ours.astype(np.int16) - library_output(img, library, name, m, "bicubic", FILLS[library]))
     assert d.max() <= 3 and (d > 1).mean() < 0.01
 
 
@@ -111,14 +111,14 @@ def test_bicubic_on_a_smooth_image(library: str, name: str) -> None:
 def test_rotation_at_nearest_is_pils_to_the_pixel(library: str, degrees: float, size: str) -> None:
     """PIL's 16.16 fixed point, its transposes at 90 degrees and its copy at 0, matched exactly (a centre column
     falling on whole pixels at 30 degrees is where float32 arithmetic alone goes wrong)."""
-    img = _noise(*SIZES[size], seed=3)
+    img = noise_image(*SIZES[size], seed=3)
     (ours,) = apply_once(geometry_op(library, "Rotate", "nearest", FILLS[library]), [img], [(degrees,)])
-    np.testing.assert_array_equal(ours, _library(img, library, "Rotate", degrees, "nearest", FILLS[library]))
+    np.testing.assert_array_equal(ours, library_output(img, library, "Rotate", degrees, "nearest", FILLS[library]))
 
 
 @pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
 def test_out_of_range_translation_is_all_fill(interpolation: str) -> None:
-    img = _noise(53, 37, seed=5)
+    img = noise_image(53, 37, seed=5)
     (ours,) = apply_once(geometry_op("timm", "TranslateX", interpolation, (1, 2, 3)), [img], [(250.0,)])
     assert (ours == np.array([1, 2, 3], np.uint8)).all()
 
@@ -133,7 +133,7 @@ def test_ops_as_branches_of_a_conditional_select() -> None:
     chosen = [identity("timm"), geometry_op("timm", "Rotate", "bilinear", (128, 128, 128)),
               geometry_op("timm", "TranslateXRel", "nearest", (128, 128, 128)),
               geometry_op("timm", "ShearY", "nearest", (0, 50, 100))]  # fmt: skip
-    imgs = [_noise(53, 37, seed=11), _noise(40, 40, seed=12), _noise(53, 37, seed=13), _noise(40, 40, seed=14), _noise(40, 40, seed=15)]
+    imgs = [noise_image(53, 37, seed=11), noise_image(40, 40, seed=12), noise_image(53, 37, seed=13), noise_image(40, 40, seed=14), noise_image(40, 40, seed=15)]
     picks = [1, 2, 3, 0, 1]
     args = [(12.0,), (-0.31,), (0.17,), (), (-25.0,)]
     params = [chosen[k].params(a) for k, a in zip(picks, args)]
@@ -150,7 +150,7 @@ def test_ops_as_branches_of_a_conditional_select() -> None:
     (out,) = pp.run()
     for i, (k, a) in enumerate(zip(picks, args)):
         op = chosen[k]
-        want = imgs[i] if k == 0 else _library(imgs[i], "timm", op.name, a[0], op.interpolation, (128, 128, 128) if k < 3 else (0, 50, 100))
+        want = imgs[i] if k == 0 else library_output(imgs[i], "timm", op.name, a[0], op.interpolation, (128, 128, 128) if k < 3 else (0, 50, 100))
         d = np.abs(np.array(out[i]).astype(np.int16) - want)
         assert d.max() <= (1 if op.interpolation == "bilinear" else 0), (i, op.name)
 
