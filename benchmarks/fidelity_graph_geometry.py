@@ -1,0 +1,67 @@
+"""How far the geometric graph operations are from torchvision's and timm's own PIL functions, per operation and
+interpolation: writes the markdown table of ``benchmarks/results/graph-ops-geometry.md``.
+
+Usage: ``.venv/bin/python benchmarks/fidelity_graph_geometry.py [--out FILE]`` (CPU pipelines; about a minute).
+
+Images: uniform noise (the worst case for interpolation) and a smooth RGB gradient, each at 37x53, 40x40 and
+224x224; magnitudes: each operation's table value of ``tests/test_graph_geometry.py`` and the largest the
+policies draw (torchvision's TrivialAugmentWide: shear 0.99, translation 32, rotation 135; timm: rotation 30,
+shear 0.3, translation 100 pixels or 0.45 of the side), both signs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from fastload.augment.graphop import apply_once  # noqa: E402
+from fastload.augment.ops_geometry import GEOMETRY_NAMES, geometry_op  # noqa: E402
+from test_graph_geometry import FILLS, MAGNITUDES, gradient_image, library_output, noise_image  # noqa: E402
+
+LARGEST = {
+    ("torchvision", "ShearX"): 0.99, ("torchvision", "ShearY"): 0.99, ("torchvision", "TranslateX"): 32.0,
+    ("torchvision", "TranslateY"): 32.0, ("torchvision", "Rotate"): 135.0, ("timm", "Rotate"): 30.0,
+    ("timm", "ShearX"): 0.3, ("timm", "ShearY"): 0.3, ("timm", "TranslateX"): 100.0, ("timm", "TranslateY"): 100.0,
+    ("timm", "TranslateXRel"): 0.45, ("timm", "TranslateYRel"): 0.45,
+}  # fmt: skip
+SIZES = [(53, 37), (40, 40), (224, 224)]
+
+
+def measure(library: str, name: str, interpolation: str, kind: str) -> tuple[int, float, float]:
+    """(max, mean, fraction > 1 level) of |ours - library| over every size, magnitude and sign, on ``kind`` images."""
+    fill = FILLS[library]
+    cases = [(h, w, s * m) for h, w in SIZES for m in (MAGNITUDES[(library, name)], LARGEST[(library, name)]) for s in (1, -1)]
+    imgs = [noise_image(h, w, seed=i) if kind == "noise" else gradient_image(h, w) for i, (h, w, _) in enumerate(cases)]
+    outs = apply_once(geometry_op(library, name, interpolation, fill), imgs, [(m,) for _, _, m in cases])
+    diffs = [np.abs(o.astype(np.int16) - library_output(i, library, name, m, interpolation, fill)).ravel() for i, o, (_, _, m) in zip(imgs, outs, cases)]
+    d = np.concatenate(diffs)
+    return int(d.max()), float(d.mean()), float((d > 1).mean())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=None, help="write the table here (default: log it)")
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    rows = ["| library | operation | interpolation | noise: max | mean | > 1 level | gradient: max | mean | > 1 level |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for library, names in GEOMETRY_NAMES.items():
+        for name in names:
+            for interp in ("nearest", "bilinear", "bicubic"):
+                n, g = measure(library, name, interp, "noise"), measure(library, name, interp, "gradient")
+                rows.append(f"| {library} | {name} | {interp} | {n[0]} | {n[1]:.3f} | {n[2]:.3%} | {g[0]} | {g[1]:.3f} | {g[2]:.3%} |")
+                logging.info(rows[-1])
+    if a.out:
+        a.out.write_text("\n".join(rows) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""The geometric augmentation operations (shears, translations, rotations) of torchvision and timm as DALI graph operators.
+
+Every operation here is one affine map in PIL's convention, the one both libraries end in
+(``Image.transform(size, Image.AFFINE, (a, b, c, d, e, f))``): the output pixel ``(x, y)`` takes the
+input at ``(a (x + .5) + b (y + .5) + c, d (x + .5) + e (y + .5) + f)``, pixel ``i`` covering
+``[i, i + 1)``. DALI's ``warp_affine`` with ``inverse_map=True`` uses the same convention. For shears
+and absolute translations the host sends the six entries; for rotations (cosine and sine) and relative
+translations (the fraction) it sends float32 high and low parts, and the graph builds the matrix from the
+image's size in float64, as PIL does in doubles.
+
+Three details make the result PIL's and not DALI's own:
+
+* PIL fills exactly where the sampling point falls outside ``[0, W) x [0, H)`` and interpolates the
+  rest from the edge-clamped image; DALI blends its fill value into a band along the edge and takes one
+  fill value for all channels. So, unless the interpolation is nearest and the fill grey (one warp with
+  ``fill_value``, exact), the image is warped with clamped borders and a one-channel zero image is
+  warped at nearest with fill 1: that mask picks the fill, per channel.
+* PIL's bilinear and bicubic truncate to uint8; DALI rounds. So interpolated warps come out as float32
+  and are floored before the cast.
+* PIL's nearest affine with a shear or rotation part steps in 16.16 fixed point: the matrix is rounded
+  the same way, or source points on whole pixels (a rotation's centre column) land one pixel off.
+
+DALI's ``warp_affine`` has nearest and linear only (``INTERP_CUBIC`` is refused on the CPU): bicubic is
+carried out as bilinear. ``benchmarks/results/graph-ops-geometry.md`` has what that costs, per operation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .graphop import GraphOp
+
+#: The operations this module carries out, per library (timm's ``NAME_TO_OP`` keys, torchvision's ``_apply_op`` names).
+GEOMETRY_NAMES: dict[str, tuple[str, ...]] = {
+    "torchvision": ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"),
+    "timm": ("Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel"),
+}
+
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
+
+#: PIL's nearest affine (any map with a shear or rotation part) steps in 16.16 fixed point.
+_FIXED = 65536.0
+
+
+def _fix(v: float) -> float:
+    """``v`` rounded as PIL's ``FIX`` does (``floor(v * 65536 + 0.5)``), back in pixels."""
+    return math.floor(v * _FIXED + 0.5) / _FIXED
+
+
+def _split(v: float) -> tuple[float, float]:
+    """``v`` as two float32 (high and low parts) whose sum in float64 is ``v`` to 48 bits."""
+    hi = float(np.float32(v))
+    return hi, float(np.float32(v - hi))
+
+
+def _static(m: Sequence[float], nearest: bool) -> tuple[float, ...]:
+    """PIL's matrix ``(a, b, c, d, e, f)`` of a map that does not depend on the image's size, as DALI reads it:
+    at nearest with a shear part, the increments and the first pixel's centre rounded to 16.16 as PIL's
+    ``affine_fixed`` rounds them (all exact in float32)."""
+    a, b, c, d, e, f = (float(v) for v in m)
+    if not nearest or (b == 0.0 and d == 0.0):  # PIL's scaling path and its filters work in doubles
+        return (a, b, c, d, e, f)
+    fa, fb, fd, fe = _fix(a), _fix(b), _fix(d), _fix(e)
+    ox, oy = _fix(c + a * 0.5 + b * 0.5), _fix(f + d * 0.5 + e * 0.5)
+    return (fa, fb, ox - (fa + fb) * 0.5, fd, fe, oy - (fd + fe) * 0.5)
+
+
+def _tv_shear(shear_x_deg: float, shear_y_deg: float) -> tuple[float, ...]:
+    """torchvision's inverse affine matrix for a shear at zero angle about ``center=[0, 0]`` (``_apply_op``'s)."""
+    sx, sy = math.radians(shear_x_deg), math.radians(shear_y_deg)
+    a = math.cos(-sy) / math.cos(sy)
+    b = -math.cos(-sy) * math.tan(sx) / math.cos(sy)
+    c = math.sin(-sy) / math.cos(sy)
+    d = -math.sin(-sy) * math.tan(sx) / math.cos(sy) + 1.0
+    return (d, -b, 0.0, -c, a, 0.0)
+
+
+def _rotation(args: tuple) -> tuple[float, ...]:
+    """``PIL.Image.rotate(degrees)``'s cosine and sine (rounded to 15 places as PIL rounds them), split in two
+    float32 each; the graph adds the centre. PIL's copies and transposes at multiples of 90 degrees sample the
+    same pixel centres."""
+    angle = -math.radians(float(args[0]) % 360.0)
+    return _split(round(math.cos(angle), 15)) + _split(round(math.sin(angle), 15))
+
+
+def _host(library: str, name: str, nearest: bool) -> Callable[[tuple], tuple[float, ...]]:
+    """A step's ``args`` -> the floats its graph reads: torchvision's as ``_apply_op`` calls ``F.affine``/``F.rotate``
+    on a PIL image, timm's as its PIL functions call ``Image.transform``/``Image.rotate``."""
+    if name == "Rotate":  # F.rotate on a PIL image is Image.rotate, as timm's rotate is
+        return _rotation
+    if name.endswith("Rel"):  # timm: pixels = pct * side
+        return lambda args: _split(float(args[0]))
+    if library == "torchvision":
+        tv: dict[str, Callable[[float], tuple[float, ...]]] = {
+            "ShearX": lambda m: _tv_shear(math.degrees(math.atan(m)), 0.0),
+            "ShearY": lambda m: _tv_shear(0.0, math.degrees(math.atan(m))),
+            "TranslateX": lambda m: (1.0, 0.0, -float(int(m)), 0.0, 1.0, 0.0),  # F.affine(translate=[int(m), 0])
+            "TranslateY": lambda m: (1.0, 0.0, 0.0, 0.0, 1.0, -float(int(m))),
+        }
+        return lambda args: _static(tv[name](float(args[0])), nearest)
+    timm: dict[str, Callable[[float], tuple[float, ...]]] = {
+        "ShearX": lambda v: (1.0, v, 0.0, 0.0, 1.0, 0.0),
+        "ShearY": lambda v: (1.0, 0.0, 0.0, v, 1.0, 0.0),
+        "TranslateX": lambda v: (1.0, 0.0, v, 0.0, 1.0, 0.0),
+        "TranslateY": lambda v: (1.0, 0.0, 0.0, 0.0, 1.0, v),
+    }
+    return lambda args: _static(timm[name](float(args[0])), nearest)
+
+
+def _sized_matrix(img: Any, p: Any, name: str, nearest: bool) -> Any:
+    """The ``[2, 3]`` matrix of a rotation or a relative translation, computed in float64 from the image's size
+    as PIL computes it (16.16 fixed point at nearest, for a rotation)."""
+    from ..pipeline import import_dali
+
+    dali, fn, types = import_dali()
+    q = fn.cast(p, dtype=types.FLOAT64)
+    shape = img.shape(dtype=types.FLOAT64)
+    h, w = shape[0], shape[1]
+    one, zero = q[0] * 0.0 + 1.0, q[0] * 0.0
+    if name.endswith("Rel"):
+        shift = (q[0] + q[1]) * (w if name == "TranslateXRel" else h)
+        row = (one, zero, shift, zero, one, zero) if name == "TranslateXRel" else (one, zero, zero, zero, one, shift)
+        return fn.cast(fn.reshape(fn.stack(*row), shape=[2, 3]), dtype=types.FLOAT)
+    cos, sin = q[0] + q[1], q[2] + q[3]
+    cx, cy = w * 0.5, h * 0.5
+    a, b, d, e = cos, sin, zero - sin, cos
+    c = (a * (zero - cx) + b * (zero - cy)) + cx
+    f = (d * (zero - cx) + e * (zero - cy)) + cy
+    if nearest:
+        def fix(v: Any) -> Any:
+            return dali.math.floor(v * _FIXED + 0.5) * (1.0 / _FIXED)
+
+        fa, fb, fd, fe = fix(a), fix(b), fix(d), fix(e)
+        c = fix(c + a * 0.5 + b * 0.5) - (fa + fb) * 0.5
+        f = fix(f + d * 0.5 + e * 0.5) - (fd + fe) * 0.5
+        a, b, d, e = fa, fb, fd, fe
+    return fn.cast(fn.reshape(fn.stack(a, b, c, d, e, f), shape=[2, 3]), dtype=types.FLOAT)
+
+
+def warp_like_pil(img: Any, mt: Any, interpolation: str, fill: Sequence[int]) -> Any:
+    """``img`` (uint8 HWC, cpu or gpu) warped by the float32 ``[2, 3]`` output-to-input matrix ``mt`` (a CPU
+    DataNode, PIL's convention) as PIL's ``Image.transform`` does at ``interpolation``, filling with ``fill``."""
+    from ..pipeline import import_dali
+
+    dali, fn, types = import_dali()
+    fill = tuple(int(v) for v in fill)
+    if interpolation == "nearest" and len(set(fill)) == 1:
+        return fn.warp_affine(img, matrix=mt, fill_value=float(fill[0]), interp_type=types.INTERP_NN, inverse_map=True)
+    nearest = interpolation == "nearest"
+    warped = fn.warp_affine(
+        img, matrix=mt, interp_type=types.INTERP_NN if nearest else types.INTERP_LINEAR, inverse_map=True,
+        dtype=types.UINT8 if nearest else types.FLOAT,
+    )  # fmt: skip
+    if not nearest:  # PIL truncates its interpolated value (no rounding); the edge clamp keeps it in [0, 255]
+        warped = dali.math.floor(warped)
+    zero = img[:, :, 0:1] * types.Constant(0, dtype=types.UINT8)
+    outside = fn.warp_affine(zero, matrix=mt, fill_value=1.0, interp_type=types.INTERP_NN, inverse_map=True)
+    colour = types.Constant([float(v) for v in fill], dtype=types.FLOAT)
+    inside = types.Constant(1, dtype=types.UINT8) - outside
+    return fn.cast(warped * inside + colour * outside, dtype=types.UINT8)
+
+
+def geometry_op(library: str, name: str, interpolation: str, fill: tuple[int, int, int]) -> GraphOp | None:
+    """The GraphOp of ``library``'s geometric operation ``name`` at ``interpolation``, filling with ``fill``;
+    None for a name this module does not do.
+
+    ``fill`` is what the library is given (timm's ``fillcolor``; torchvision's ``fill``, ``None`` being
+    ``(0, 0, 0)``), one uint8 level per channel.
+    """
+    if name not in GEOMETRY_NAMES.get(library, ()):
+        return None
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"interpolation {interpolation!r} is not one of {INTERPOLATIONS}")
+    if len(fill) != 3:
+        raise ValueError(f"fill needs three levels (R, G, B), got {fill!r}")
+    nearest = interpolation == "nearest"
+    levels = tuple(int(v) for v in fill)
+    sized = name == "Rotate" or name.endswith("Rel")
+
+    def graph(img: Any, p: Any) -> Any:
+        if sized:
+            mt = _sized_matrix(img, p, name, nearest)
+        else:
+            from ..pipeline import import_dali
+
+            fn = import_dali()[1]
+            mt = fn.reshape(p[0:6], shape=[2, 3])
+        return warp_like_pil(img, mt, interpolation, levels)
+
+    host = _host(library, name, nearest)
+
+    return GraphOp(library, name, interpolation, host=host, graph=graph)
