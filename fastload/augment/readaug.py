@@ -5,20 +5,37 @@ raises :class:`~fastload.errors.ConfigError` saying what is not translated (the 
 :mod:`fastload.transforms`, names the step). The objects are read, never called: the
 operations, probabilities, magnitudes, fill and interpolation are those they carry, and
 torchvision's magnitudes come from the object's own augmentation space at the crop size.
+
+timm is read by each version's own layout (0.3.x, 0.4.x and 1.x alike): an ``AugmentOp`` is
+named by its ``aug_fn`` and ``level_fn``, found by identity in its own module's ``NAME_TO_OP``
+and ``LEVEL_TO_ARG`` (0.3/0.4 keep no ``name``); ``RandomErasing``'s law by the ``per_pixel`` and
+``rand_color`` flags every version draws from, checked against ``mode`` where one is kept.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
+import sys
 from typing import Any
 
 from ..errors import ConfigError
-from .policies import TIMM_OPS, TORCHVISION_OPS
+from .policies import LEVEL_DENOM, TIMM_OPS, TORCHVISION_OPS
 from .settings import Erasing, Jitter, Op, Policy, Stage
 
 #: PIL's resampling codes a timm policy may use, by name.
 _PIL_NAMES = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+
+#: timm before 0.4.9 draws ``magnitude_std=inf`` as ``random.gauss(m, inf)``: the level clamps to 0 or
+#: 10, half each (later versions draw ``uniform(0, m)``). A normal of this std, clamped, draws the same.
+TWO_POINT_STD = 1e300
+
+#: The first timm version whose ``AugmentOp`` draws ``magnitude_std=inf`` uniformly.
+TIMM_UNIFORM_INF = (0, 4, 9)
+
+#: Erasing modes by timm's name: FastLoader's ``Erasing.noise``.
+_TIMM_NOISE = {"const": None, "rand": "channel", "pixel": "pixel"}
 
 
 def _fill(fill: Any) -> tuple[float, ...] | None:
@@ -90,28 +107,89 @@ def torchvision_policy(t: Any, *, auto: bool, crop: int) -> Policy:
     return Policy(library="torchvision", kind="auto", sub_policies=tuple(subs), interpolation=interp, fill=fill)
 
 
+def _need(obj: Any, attr: str, what: str) -> Any:
+    """``obj.attr``, or a ConfigError naming what lacks it."""
+    try:
+        return getattr(obj, attr)
+    except AttributeError:
+        raise ConfigError(f"{what} has no {attr!r}: not a timm layout FastLoader reads") from None
+
+
+def timm_version(obj: Any) -> tuple[int, int, int] | None:
+    """The version of the timm that defined ``obj``'s class (``timm.__version__``), or None if unreadable."""
+    root = sys.modules.get(type(obj).__module__.partition(".")[0])
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)", str(getattr(root, "__version__", "")))
+    return (int(m[1]), int(m[2]), int(m[3])) if m else None
+
+
+def timm_op_name(op: Any) -> str:
+    """A timm ``AugmentOp``'s operation in its own version's tables: the name whose ``NAME_TO_OP`` function is its
+    ``aug_fn`` and whose ``LEVEL_TO_ARG`` function is its ``level_fn`` (by identity); a ``name`` kept must agree.
+
+    Raises:
+        ConfigError: the functions are in no entry of its module's tables, or the name disagrees with them.
+    """
+    table = sys.modules.get(type(op).__module__)
+    ops, levels = getattr(table, "NAME_TO_OP", None), getattr(table, "LEVEL_TO_ARG", None)
+    if not isinstance(ops, dict) or not isinstance(levels, dict):
+        raise ConfigError(f"{type(op).__module__} has no NAME_TO_OP/LEVEL_TO_ARG tables to name its operations by")
+    fn, level_fn = _need(op, "aug_fn", "its AugmentOp"), _need(op, "level_fn", "its AugmentOp")
+    found = [n for n, f in ops.items() if f is fn and n in levels and levels[n] is level_fn]
+    kept = getattr(op, "name", None)
+    if len(found) != 1:
+        what = getattr(fn, "__name__", repr(fn))
+        raise ConfigError(f"its operation {kept or what!r} (aug_fn {what}) is in no entry of its timm's NAME_TO_OP/LEVEL_TO_ARG")
+    if kept is not None and kept != found[0]:
+        raise ConfigError(f"its operation named {kept!r} runs {found[0]}'s functions: FastLoader will not guess which")
+    return found[0]
+
+
+def _timm_std(op: Any, name: str) -> float:
+    """``magnitude_std`` as the law of ``op``'s own version: <= 0 fixed, inf uniform (two-point before 0.4.9)."""
+    std = _need(op, "magnitude_std", f"its {name}")
+    if isinstance(std, bool) or not isinstance(std, (int, float)):
+        raise ConfigError(f"magnitude_std {std!r} of {name} is not a number")
+    if not std > 0:  # every version: `std > 0` (0.3/0.4: `std and std > 0`) or no noise
+        return 0.0
+    if std != math.inf:
+        return float(std)
+    version = timm_version(op)
+    if version is None:
+        raise ConfigError(f"magnitude_std=inf of {name}: its timm version cannot be read (before 0.4.9 it is not uniform)")
+    return math.inf if version >= TIMM_UNIFORM_INF else TWO_POINT_STD
+
+
 def _timm_op(op: Any) -> tuple[Op, Any, Any]:
-    """A timm ``AugmentOp`` as an Op, with its fill and resampling filter(s)."""
-    name = getattr(op, "name", None)
+    """A timm ``AugmentOp`` (any version) as an Op, with its fill and resampling filter(s)."""
+    name = timm_op_name(op)
     if name not in TIMM_OPS:
         raise ConfigError(
             f"its operation {name!r} is not translated (FastLoader runs {', '.join(TIMM_OPS)})"
             + ("; GaussianBlurRand draws its radius inside the operation" if name == "GaussianBlurRand" else "")
         )
-    hp = dict(getattr(op, "hparams", {}) or {})
-    kw = dict(getattr(op, "kwargs", {}) or {})
-    mmax = op.magnitude_max if getattr(op, "magnitude_max", None) else 10.0
+    hp, kw = _need(op, "hparams", f"its {name}"), _need(op, "kwargs", f"its {name}")
+    if not isinstance(hp, dict) or not isinstance(kw, dict) or "fillcolor" not in kw or "resample" not in kw:
+        raise ConfigError(f"the hparams/kwargs (fill, resample) of {name} cannot be read")
+    if name in ("TranslateX", "TranslateY") and "translate_const" not in hp:
+        raise ConfigError(f"{name} has no translate_const in its hparams (timm raises KeyError when it runs)")
+    # 0.3/0.4 keep no magnitude_max and clamp the level at 10 whatever the hparams say; 1.x: magnitude_max or 10
+    mmax = getattr(op, "magnitude_max", None) or LEVEL_DENOM
     out = Op(
-        name=name, prob=op.prob, magnitude=op.magnitude, std=getattr(op, "magnitude_std", 0) or 0.0, level_max=mmax,
-        translate_const=hp.get("translate_const", 250), translate_pct=hp.get("translate_pct", 0.45),
+        name=name, prob=_need(op, "prob", f"its {name}"), magnitude=_need(op, "magnitude", f"its {name}"),
+        std=_timm_std(op, name), level_max=mmax, translate_const=hp.get("translate_const", 250.0),
+        translate_pct=hp.get("translate_pct", 0.45),
     )  # fmt: skip
-    resample = kw.get("resample")
+    resample = kw["resample"]
     codes = tuple(resample) if isinstance(resample, (tuple, list)) else (resample,)
     try:
         names = tuple(_PIL_NAMES[int(c)] for c in codes)
     except (KeyError, TypeError, ValueError):
         raise ConfigError(f"resampling filter {resample!r} of {name}: use bilinear or bicubic (or their random choice)") from None
-    return out, tuple(kw.get("fillcolor", (128, 128, 128))), names
+    try:
+        fill = tuple(kw["fillcolor"])
+    except TypeError:
+        raise ConfigError(f"fill {kw['fillcolor']!r} of {name} is not one value per channel") from None
+    return out, fill, names
 
 
 def timm_policy(t: Any, *, auto: bool) -> Policy:
@@ -122,9 +200,9 @@ def timm_policy(t: Any, *, auto: bool) -> Policy:
             filters, or more layers than operations of non-zero weight.
     """
     if auto:
-        groups = [list(s) for s in t.policy]
+        groups = [list(s) for s in _need(t, "policy", "its AutoAugment")]
     else:
-        groups = [list(t.ops)]
+        groups = [list(_need(t, "ops", "its RandAugment"))]
     read = [[_timm_op(op) for op in g] for g in groups]
     extras = {(fill, names) for g in read for _, fill, names in g}
     if len(extras) != 1:
@@ -136,19 +214,56 @@ def timm_policy(t: Any, *, auto: bool) -> Policy:
     ops = tuple(o for o, _, _ in read[0])
     weights = getattr(t, "choice_weights", None)
     weights = None if weights is None else tuple(float(w) for w in weights)
-    return Policy(library="timm", kind="rand", ops=ops, num_ops=t.num_layers, interpolation=names, fill=fill, weights=weights)
+    layers = _need(t, "num_layers", "its RandAugment")
+    return Policy(library="timm", kind="rand", ops=ops, num_ops=layers, interpolation=names, fill=fill, weights=weights)
+
+
+def timm_erasing_mode(t: Any) -> str:
+    """timm's ``RandomErasing`` mode: what its ``per_pixel``/``rand_color`` flags draw (every version's
+    ``_get_pixels``: ``per_pixel`` first), equal to its ``mode`` where one is kept (1.x); ``mode`` alone where
+    it has no flags.
+
+    Raises:
+        ConfigError: neither is readable, a flag is not a bool, an unknown mode, or the two disagree.
+    """
+    flags = None
+    if hasattr(t, "per_pixel") or hasattr(t, "rand_color"):
+        pp, rc = getattr(t, "per_pixel", None), getattr(t, "rand_color", None)
+        if not isinstance(pp, bool) or not isinstance(rc, bool):
+            raise ConfigError(f"per_pixel={pp!r}, rand_color={rc!r} are not the two bools timm's erasing draws from")
+        flags = "pixel" if pp else "rand" if rc else "const"
+    mode = getattr(t, "mode", None)
+    if mode is None:
+        if flags is None:
+            raise ConfigError("it has neither mode nor per_pixel/rand_color: its erasing values cannot be read")
+        return flags
+    if not isinstance(mode, str) or (mode.lower() or "const") not in _TIMM_NOISE:
+        raise ConfigError(f"mode {mode!r} is not one of timm's 'const', 'rand', 'pixel'")
+    mode = mode.lower() or "const"  # timm accepts '' as const
+    if flags is not None and flags != mode:
+        raise ConfigError(f"mode {mode!r} but per_pixel/rand_color draw {flags!r} (what timm erases with): set them alike")
+    return mode
 
 
 def timm_erasing(t: Any) -> Erasing:
-    """timm's ``RandomErasing`` (modes ``const``, ``rand``, ``pixel``; ``min_count``/``max_count``) as an Erasing."""
-    mode = (getattr(t, "mode", "const") or "const").lower()
-    noise = {"const": None, "rand": "channel", "pixel": "pixel"}.get(mode, "?")
-    if noise == "?":
-        raise ConfigError(f"mode {mode!r} is not one of timm's 'const', 'rand', 'pixel'")
-    lo, hi = t.log_aspect_ratio
+    """timm's ``RandomErasing`` (any version; modes ``const``, ``rand``, ``pixel``; ``min_count``/``max_count``)
+    as an Erasing. ``num_splits`` (a batch's clean part) and ``device`` (where the noise is drawn) do not act on
+    one image, which is what a dataset's transform erases.
+
+    Raises:
+        ConfigError: an attribute missing or unreadable (see :func:`timm_erasing_mode`).
+    """
+    noise = _TIMM_NOISE[timm_erasing_mode(t)]
+    what = "its RandomErasing"
+    log_ratio = _need(t, "log_aspect_ratio", what)
+    try:
+        lo, hi = log_ratio
+        ratio = (math.exp(lo), math.exp(hi))
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"log_aspect_ratio {log_ratio!r} is not two numbers") from None
     return Erasing(
-        p=t.probability, scale=(t.min_area, t.max_area), ratio=(math.exp(lo), math.exp(hi)), value=0.0,
-        noise=noise, count=(t.min_count, t.max_count),
+        p=_need(t, "probability", what), scale=(_need(t, "min_area", what), _need(t, "max_area", what)), ratio=ratio,
+        value=0.0, noise=noise, count=(_need(t, "min_count", what), _need(t, "max_count", what)),
     )  # fmt: skip
 
 
