@@ -26,7 +26,6 @@ from torchvision import transforms as T  # noqa: E402
 from torchvision.transforms import functional as F  # noqa: E402
 from torchvision.transforms import v2  # noqa: E402
 
-from fastload.batchaug import policy as run_policy  # noqa: E402
 from fastload.augment.policies import plan  # noqa: E402
 from fastload.transforms import translate  # noqa: E402
 
