@@ -70,7 +70,8 @@ TV_ARGS = {
     "Solarize": [(0.0,), (100.5,), (128.0,), (233.33,), (255.0,)],
     "AutoContrast": [()], "Equalize": [()], "Invert": [()], "Grayscale": [()],
     "GaussianBlur": [(3, 3, 0.1), (5, 3, 1.3), (9, 9, 2.0), (23, 23, 1.7)],
-    "ColorJitter": [(0, 1, 2, 3, 0.6, 1.4, 0.5, 0.2), (3, 0, 2, 1, 1.3, 0.7, 1.6, -0.45), (2, 3, 1, 0, NAN, 0.8, 0.3, -0.1),
+    "ColorJitter": [(0, 1, 2, 3, 0.6, 1.4, 0.5, 0.2), (3, 0, 2, 1, 1.3, 0.7, 1.6, -0.45),
+                    (2, 3, 1, 0, NAN, 0.8, 0.3, -0.1),
                     (1, 0, 3, 2, 0.9, NAN, 1.2, NAN), (0, 1, 2, 3, NAN, NAN, NAN, 0.5)],
 }  # fmt: skip
 TIMM_ARGS = {
@@ -120,7 +121,7 @@ def test_matches_library(library: str, name: str, arg_list: list[tuple]):
 
 
 def test_box_weights_are_pillows():
-    """Radius 1: sigma2 = 1/3, L = sqrt(5), l = 0, a = -1 / (6 (1/3 - 1)) = 0.25: box radius 0.25 (the paper's formula)."""
+    """Radius 1: sigma2 = 1/3, L = sqrt(5), l = 0, a = -1 / (6 (1/3 - 1)) = 0.25: box radius 0.25."""
     r, ww, fw = box_weights(1.0)
     assert r == 0.0
     assert ww == int(np.float32(1 << 24) / np.float32(1.5))
@@ -130,7 +131,7 @@ def test_box_weights_are_pillows():
 
 
 def test_jitter_identity_when_all_parts_off():
-    """Every factor NaN: the image comes back unchanged (PIL's HSV round trip is not an identity, so the hue is skipped)."""
+    """Every factor NaN: the image comes back unchanged (PIL's HSV round trip is lossy: the hue is skipped)."""
     op = color_op("torchvision", "ColorJitter", "bilinear", (0, 0, 0))
     (out,) = apply_once(op, [IMAGES[1]], [(0, 1, 2, 3, NAN, NAN, NAN, NAN)])
     np.testing.assert_array_equal(out, IMAGES[1])

@@ -344,7 +344,8 @@ def _tv_op(name: str) -> tuple[Callable[[tuple], Any], Callable[[Any, Any], Any]
         return (lambda a: (float(a[1]), float(a[0]), float(np.float32(a[2])))), _gaussian_tv
     if name == "ColorJitter":
         return _jitter_host, _jitter
-    plain = {"AutoContrast": _autocontrast, "Equalize": _equalize, "Invert": _lut_graph("Invert"), "Grayscale": _grayscale}
+    plain = {"AutoContrast": _autocontrast, "Equalize": _equalize, "Invert": _lut_graph("Invert"),
+             "Grayscale": _grayscale}  # fmt: skip
     return ((lambda a: ()), plain[name]) if name in plain else None
 
 
