@@ -135,6 +135,7 @@ class Core:
         self.pipe: Any = None
         self.stage = _stage(augment) if self.train else None
         self.augment_pipe: Any = None  # host_finish with a stage: the stage's own CPU pipeline
+        self.augment_feed: tuple | None = None  # its next batch (augment_source)
         self.run: Any = None  # the fastload.epochs.EpochRun producing now
         # the records of the next batches are asked for from a few threads, ahead of DALI (cold data)
         # (records fetched one by one from a store are dropped from the node cache once read)
@@ -246,7 +247,7 @@ class Core:
         probe(2 * self.num_threads + 8, what=f"the DALI pipeline ({self.num_threads} CPU threads)")
         try:
             if self.stage is not None and self.host_finish:
-                self.augment_pipe = build_augment_pipeline(dataclasses.replace(spec, stage=self.stage))
+                self.augment_pipe = build_augment_pipeline(dataclasses.replace(spec, stage=self.stage), self.augment_source)
             return build_pipeline(spec, self.source)
         except FastloadError:
             raise
@@ -295,6 +296,13 @@ class Core:
         if self.stage is not None:
             return (encoded_batch(enc), anchors, shapes, flips, *self.stage_feed(run.epoch, batch.positions))
         return (encoded_batch(enc), anchors, shapes, flips)
+
+    def augment_source(self) -> tuple:
+        """The stage pipeline's callback (host-finished crops): the batch the epoch thread set before ``run()``."""
+        feed, self.augment_feed = self.augment_feed, None
+        if feed is None:
+            raise StopIteration
+        return feed
 
     def stage_feed(self, epoch: int, positions: np.ndarray) -> list:
         """The augmentation stage's inputs for one batch (:meth:`fastload.augment.stage.GraphStage.feed`)."""

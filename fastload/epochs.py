@@ -162,11 +162,8 @@ class EpochRun:
     def _augmented_on_host(self, images: torch.Tensor, batch: Batch):
         """Host-finished uint8 crops (NCHW view of NHWC storage) through the stage's own CPU pipeline."""
         core = self.core
-        pipe = core.augment_pipe
-        pipe.feed_input("images", images.permute(0, 2, 3, 1).numpy(), layout="HWC")
-        for i, x in enumerate(core.stage_feed(self.epoch, batch.positions)):
-            pipe.feed_input(f"stage{i}", x)
-        (out,) = pipe.run()
+        core.augment_feed = (images.permute(0, 2, 3, 1).numpy(), *core.stage_feed(self.epoch, batch.positions))
+        (out,) = core.augment_pipe.run()
         return self._to_torch(out.as_tensor())
 
     def _to_torch(self, dali_tensor) -> torch.Tensor:

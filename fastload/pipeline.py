@@ -352,18 +352,17 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
     return pipe
 
 
-def build_augment_pipeline(spec: GraphSpec):
-    """The stage alone, on the CPU, for crops finished on the host: fed with ``feed_input`` before each run,
-    ``"images"`` (uint8 NHWC) then ``"stage0"``, ``"stage1"``... (the stage's inputs in the order of its feed)."""
+def build_augment_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
+    """The stage alone, on the CPU, for crops finished on the host: ``source()`` gives one batch, the uint8 NHWC
+    crops then the stage's inputs (its feed, in order); called by DALI inside each ``run()``."""
     dali, fn, types = import_dali()
     dts, nds, lays = _stage_inputs(spec)
 
     @dali.pipeline_def(batch_size=spec.batch_size, num_threads=spec.num_threads, device_id=None, prefetch_queue_depth=1,
                        exec_async=False, exec_pipelined=False, seed=0, enable_conditionals=True)  # fmt: skip
     def graph():
-        img = fn.external_source(name="images", dtype=types.UINT8, ndim=3, layout="HWC")
-        inputs = [fn.external_source(name=f"stage{i}", dtype=d, ndim=n, layout=lay or None)
-                  for i, (d, n, lay) in enumerate(zip(dts, nds, lays))]  # fmt: skip
+        img, *inputs = fn.external_source(source=source, num_outputs=1 + len(dts), batch=True,
+                                          dtype=[types.UINT8, *dts], ndim=[3, *nds], layout=["HWC", *lays])  # fmt: skip
         return _augmented(spec, img, inputs, "cpu")
 
     pipe = graph()

@@ -450,16 +450,18 @@ def test_a_loader_over_a_subset_pickles_as_that_subset(make_folder, tmp_path):
      ("saturation", 1.7, "adjust_saturation"), ("hue", 0.1, "adjust_hue")],
 )  # fmt: skip
 def test_each_jitter_part_is_torchvisions_operation_on_the_crop(pixel_dataset, part, value, tv_fn):
-    """A one-point range makes the factor known: the batch equals torchvision's tensor function applied to
-    the unjittered batch (same crops), to float rounding."""
+    """A one-point range makes the factor known: the batch equals torchvision's function applied to the PIL
+    image of each unjittered crop (where ColorJitter runs in a DataLoader worker), to float rounding."""
     import torchvision.transforms.functional as F
+    from PIL import Image
 
     kw = dict(device="cpu", crop=24, seed=4, flip=0.0, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
     from fastload.augment.settings import Jitter
 
     with FastLoader(pixel_dataset.packed, 8, transform=Augment(jitter=Jitter(**{part: (value, value)})), **kw) as a, FastLoader(pixel_dataset.packed, 8, **kw) as b:
         for (x, _), (u, _) in zip(a, b):
-            want = torch.stack([getattr(F, tv_fn)(img, value) for img in u])
+            pils = [Image.fromarray((img * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()) for img in u]
+            want = torch.stack([F.to_tensor(getattr(F, tv_fn)(pil, value)) for pil in pils])
             assert (x - want).abs().max() < 1e-5
             assert (x - u).abs().max() > 0.01  # it did something
 
@@ -495,12 +497,16 @@ def test_jitter_order_and_factors_follow_torchvisions_law():
 
 
 def test_grayscale_gives_torchvisions_gray_and_jitter_runs_before_it(pixel_dataset):
+    """Oracle: torchvision's rgb_to_grayscale on the PIL image of each crop (PIL's L, where a DataLoader worker runs it)."""
     import torchvision.transforms.functional as F
+    from PIL import Image
 
     kw = dict(device="cpu", crop=24, seed=4, flip=0.0, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
     with FastLoader(pixel_dataset.packed, 8, transform=Augment(grayscale=1.0), **kw) as a, FastLoader(pixel_dataset.packed, 8, **kw) as b:
         for (x, _), (u, _) in zip(a, b):
-            assert (x - F.rgb_to_grayscale(u, num_output_channels=3)).abs().max() < 1e-5
+            pils = [Image.fromarray((img * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()) for img in u]
+            want = torch.stack([F.to_tensor(F.rgb_to_grayscale(p, num_output_channels=3)) for p in pils])
+            assert (x - want).abs().max() < 1e-5
     from fastload.transforms import translate
 
     # the other order runs as a chain in the user's order (tests/test_ordered_chain.py checks its pixels)

@@ -135,3 +135,28 @@ def test_jitter_identity_when_all_parts_off():
     op = color_op("torchvision", "ColorJitter", "bilinear", (0, 0, 0))
     (out,) = apply_once(op, [IMAGES[1]], [(0, 1, 2, 3, NAN, NAN, NAN, NAN)])
     np.testing.assert_array_equal(out, IMAGES[1])
+
+
+def _opencv_equalize(img: np.ndarray) -> np.ndarray:
+    """OpenCV's equalizeHist per channel, written out: ``lut[v] = round(255 (cdf[v] - cdf_min) / (N - cdf_min))``
+    (``cdf_min``: the count of the lowest level present; one level only: the image unchanged)."""
+    out = np.empty_like(img)
+    for c in range(img.shape[2]):
+        ch = img[:, :, c]
+        cdf = np.cumsum(np.bincount(ch.ravel(), minlength=256))
+        lo, n = cdf[cdf > 0][0], ch.size
+        lut = np.arange(256) if n == lo else np.floor(255.0 * (cdf - lo) / (n - lo) + 0.5).clip(0, 255)
+        out[:, :, c] = lut.astype(np.uint8)[ch]
+    return out
+
+
+@pytest.mark.parametrize("library", ["torchvision", "timm"])
+def test_equalize_is_opencvs_formula(library):
+    """The graph's Equalize is OpenCV's histogram equalisation exactly (what it differs from PIL's by is the
+    bound above): on noise, a few-level image and a flat one."""
+    rng = np.random.default_rng(3)
+    imgs = [rng.integers(0, 256, (37, 53, 3), dtype=np.uint8), (rng.integers(0, 4, (24, 32, 3)) * 60).astype(np.uint8),
+            np.full((16, 16, 3), 77, dtype=np.uint8)]  # fmt: skip
+    got = apply_once(color_op(library, "Equalize", "bilinear", (0, 0, 0)), imgs, [()] * 3)
+    for g, i in zip(got, imgs):
+        assert np.abs(g.astype(int) - _opencv_equalize(i).astype(int)).max() <= 1

@@ -157,8 +157,8 @@ def _torchvision_steps(steps: list, monkeypatch) -> list:
 def test_each_image_is_torchvisions_steps_in_order_on_the_same_crop(pixel_dataset, recipe, monkeypatch):
     """Through the loader: the recipe's uint8 batch equals, per image, torchvision's objects making the
     plan's draw, in its order, on the PIL image of the crop a loader without the colour steps gives
-    (the same seed: the same crops). Measured: 0 levels on every image (PIL's own operations, as a
-    DataLoader worker runs them)."""
+    (the same seed: the same crops). Measured: 0 levels but for torchvision's GaussianBlur, whose separable
+    kernel in the graph is one level off torch's 2-D convolution on a few values."""
     steps = _recipes(T, blur=9)[recipe]
     kw = dict(device="cpu", seed=5, shuffle=False, progress=False)
     with FastLoader(pixel_dataset.packed, 24, transform=T.Compose([T.RandomResizedCrop(24), *steps, T.PILToTensor()]), **kw) as a, \
@@ -169,7 +169,10 @@ def test_each_image_is_torchvisions_steps_in_order_on_the_same_crop(pixel_datase
     for j in range(24):
         pil = Image.fromarray(crops[j].permute(1, 2, 0).numpy())
         want = T.Compose(_torchvision_steps(plans[j], monkeypatch))(pil)
-        assert torch.equal(got[j], torch.from_numpy(np.array(want)).permute(2, 0, 1)), (recipe, j, plans[j])
+        d = (got[j].int() - torch.from_numpy(np.array(want)).permute(2, 0, 1).int()).abs()
+        assert d.max() <= 1 and (d > 0).float().mean() <= 0.01, (recipe, j, plans[j])
+        if not any(s[0] == "GaussianBlur" for s in plans[j]):
+            assert d.max() == 0, (recipe, j, plans[j])
 
 
 def test_normalised_batches_are_the_uint8_result_normalised(pixel_dataset):

@@ -135,7 +135,7 @@ class GraphStage:
                 par[k, s] = self.ops[idx[k, s]].params((float(mags[k]),))
             s += 1
         if a.policy is not None:
-            from ..policies import plan
+            from .policies import plan
 
             lib = a.policy.library
             for k, steps in enumerate(plan(a.policy, seed=seed, epoch=epoch, positions=positions)):
