@@ -39,7 +39,7 @@ from .composite import DatasetView
 from .reader import Dataset
 from .remote.url import is_url
 from .resume import STATE_VERSION, Shape, make_state, merge_states, resume_position
-from .sampler import MAX_BATCH, MAX_SEED, ORDERS, EpochSampler, block_size_for
+from .sampler import MAX_BATCH, MAX_SEED, EpochSampler, check_order, choose_order, order_options
 from .augment.settings import FIELDS, IMAGENET_MEAN, IMAGENET_STD, MAX_SIDE, Augment
 from .views import LoaderDataset
 
@@ -137,20 +137,6 @@ def _check_hw_decoder_load(value: Any) -> float | None:
     if not 0.0 <= hw <= 1.0:
         raise ConfigError(f"hw_decoder_load must be in [0, 1] or None, got {value!r}")
     return hw
-
-
-def _check_order(order: Any, block_size: Any, window: Any, user_batches: Any) -> tuple[str, int | None, int | None]:
-    if not isinstance(order, str) or order not in ORDERS:
-        raise ConfigError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
-    if order != "block" and (block_size is not None or window is not None):
-        raise ConfigError(f"block_size and window apply only with order='block', got order={order!r}")
-    if order != "global" and user_batches is not None:
-        raise ConfigError(f"order={order!r} is FastLoader's own order: it excludes sampler and batch_sampler")
-    if block_size is not None:
-        block_size = as_int("block_size", block_size, lo=1, hint=" (samples per run) or None")
-    if window is not None:
-        window = as_int("window", window, lo=1, hint=" (runs shuffled together) or None")
-    return order, block_size, window
 
 
 def _check_world(world_size: int, packed: Dataset) -> None:
@@ -257,15 +243,6 @@ def _transformed_labels(labels: np.ndarray, target_transform: Any) -> np.ndarray
     return out
 
 
-def _block_defaults(order: str, block_size: int | None, window: int | None, packed: Any) -> tuple[int | None, int | None]:
-    """``order="block"``'s defaults where not given: runs of about 8 MiB of records, a window of 16 runs."""
-    if order != "block":
-        return block_size, window
-    if block_size is None:
-        block_size = block_size_for(sum(sh.bytes for sh in packed.manifest.shards) / len(packed))
-    return block_size, 16 if window is None else window
-
-
 class FastLoader:
     """Iterate ``(images, labels)`` batches of a packed dataset, decoded by DALI: a ``DataLoader`` drop-in.
 
@@ -324,12 +301,14 @@ class FastLoader:
         pad: without ``drop_last``, pad ranks to equal shares like ``DistributedSampler``
             (default); False gives every sample to exactly one rank (exact evaluation; ranks
             may then differ by one batch).
-        order: with ``shuffle``, ``"global"`` (a permutation of all samples each epoch) or
-            ``"block"``: the block-shuffled order of :func:`fastload.sampler.block_order`, for
-            datasets larger than memory (``docs/loader.md``, "Order").
+        order: with ``shuffle``, ``"global"`` (a permutation of all samples each epoch; the
+            default), ``"block"`` (:func:`fastload.sampler.block_order`, for datasets larger than
+            memory) or ``"shards"`` (:mod:`fastload.shuffle.shards`: the default for a URL whose
+            dataset is larger than ``cache_limit``; ``docs/loader.md``, "Order").
         block_size: with ``order="block"``, samples per run (default: runs of about 8 MiB of
             records, :func:`fastload.sampler.block_size_for`).
-        window: with ``order="block"``, runs shuffled together (default 16).
+        window: with ``order="block"``, runs shuffled together (default 16); with ``"shards"``,
+            shards mixed together (default: the most ``cache_limit`` holds, else 16).
         hw_decoder_load: share of JPEGs sent to the GPU's hardware decoder (DALI's default if None).
         check: verify each record's payload checksum before decoding (XXH3, about 2 us per
             100 KB; CRC-32 in format-1 datasets), reporting altered bytes with the sample.
@@ -405,7 +384,7 @@ class FastLoader:
         rank: int | None = None,
         world_size: int | None = None,
         pad: bool = True,
-        order: str = "global",
+        order: str | None = None,
         block_size: int | None = None,
         window: int | None = None,
         hw_decoder_load: float | None = None,
@@ -446,7 +425,7 @@ class FastLoader:
         user_batches = user_batch_sampler(
             sampler=sampler, batch_sampler=batch_sampler, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last
         )
-        order, block_size, window = _check_order(order, block_size, window, user_batches)
+        order, block_size, window = check_order(order, block_size, window, user_batches)
         self.device = _resolve_device(device)
         self.rank, self.world_size = rank_and_world(rank, world_size)
         find_dali()  # DependencyError with an install hint, before any work (imported once downloads start)
@@ -454,7 +433,7 @@ class FastLoader:
         # 3. the dataset, its labels, and this rank's plan of each epoch
         remote = _remote_options(dataset, cache_limit=cache_limit, storage_options=storage_options, retry_deadline=retry_deadline, fetch=fetch)
         packed = self._open(source, check=check, cache_dir=cache_dir, progress=progress, user_batches=user_batches, remote=remote)
-        block_size, window = _block_defaults(order, block_size, window, packed)
+        order, block_size, window = choose_order(order, block_size, window, packed, shuffle=shuffle and user_batches is None, rank_batch=(batch_size or 1) * self.world_size, prefetch=prefetch)  # fmt: skip
         if target_transform is None:
             target_transform = source.target_transform
         self._keep_settings(augment, batch_size=batch_size if batch_sampler is None else None, shuffle=shuffle,
@@ -606,7 +585,7 @@ class FastLoader:
             plan: EpochSampler | SamplerPlan = EpochSampler(
                 num_samples=len(packed), batch_size=batch_size, shuffle=self.shuffle, drop_last=self.drop_last,
                 seed=self.seed, rank=self.rank, world_size=self.world_size, pad=self.pad, order=self.order,
-                **({"block_size": self.block_size, "window": self.window} if self.order == "block" else {}),
+                **order_options(self.order, self.block_size, self.window, packed),
             )  # fmt: skip
             old = getattr(self, "_plan", None)
             if old is not None and old.resumed is not None:  # a resumed epoch stays resumed on the new ranks

@@ -91,6 +91,8 @@ def make_state(plan: EpochSampler | SamplerPlan, shape: Shape, *, epoch: int, do
 def saved_plan(state: dict[str, Any], *, rank: int = 0) -> EpochSampler:
     """Rank ``rank``'s plan of the loader that saved ``state`` (FastLoader's own order)."""
     kw = {"block_size": state["block_size"], "window": state["window"]} if state["order"] == "block" else {}
+    if state["order"] == "shards":  # how it shares and counts needs no shard layout (only its permutation does)
+        kw = {"window": state["window"]}
     try:
         return EpochSampler(
             num_samples=state["num_samples"], batch_size=state["batch_size"], shuffle=state["shuffle"],
@@ -207,9 +209,12 @@ def checked_state(state: Any, plan: EpochSampler | SamplerPlan, shape: Shape) ->
     must_match = {"seed": shape.seed, "num_samples": shape.num_samples, "shuffle": shape.shuffle, "order": shape.order}
     if shape.order == "block":
         must_match.update(block_size=shape.block_size, window=shape.window)
+    if shape.order == "shards":
+        must_match.update(window=shape.window)
     for k, mine in must_match.items():
         if state[k] != mine:
-            raise ConfigError(f"state has {k}={state[k]!r} but this loader has {k}={mine!r}; resume needs the same")
+            hint = f" (pass window={state[k]!r})" if k == "window" and shape.order == "shards" else ""
+            raise ConfigError(f"state has {k}={state[k]!r} but this loader has {k}={mine!r}; resume needs the same{hint}")
     return state
 
 

@@ -16,6 +16,14 @@ one batch); only use it where ranks do not meet in a collective once per batch.
 runs of ``block_size`` consecutive samples, shuffled within windows of ``window`` runs, and
 each rank takes a contiguous stretch of it (the same counts, padding and cuts as above).
 
+``order="shards"`` keeps the working set of a node's cache small, for datasets read from an
+object store through a cache smaller than them (:func:`fastload.shuffle.shards.window_order`,
+``docs/loader.md``, "Order"): the shards are permuted and the samples of a sliding window of
+``window`` consecutive shards are mixed, so at most ``window`` shards are needed at a time; the
+ranks share it as the global shuffle (every ``world_size``-th position), so all ranks of a node
+read the same stretch of it, from the same shards. :func:`choose_order` picks it for a URL whose
+dataset is larger than ``cache_limit``.
+
 Resuming: a resumed epoch is described by the positions of its order that all ranks
 together have consumed (sorted ``[start, stop)`` intervals, :meth:`EpochSampler.consumed_after`),
 independent of the world size that consumed them. :meth:`EpochSampler.resume` makes the
@@ -28,15 +36,19 @@ and flip (:mod:`fastload.augment`) are the same whatever the world size.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import operator
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from .errors import ConfigError, as_int
+from .shuffle.shards import window_for, window_order
+
+log = logging.getLogger(__name__)
 
 #: The orders an epoch can have (``EpochSampler(order=...)``).
-ORDERS = ("global", "block")
+ORDERS = ("global", "block", "shards")
 
 
 def block_order(num_samples: int, *, block_size: int, window: int, rng: np.random.Generator) -> np.ndarray:
@@ -89,6 +101,109 @@ def block_size_for(record_bytes: float, run_bytes: int = 8 << 20) -> int:
     return max(1, int(run_bytes // max(1.0, float(record_bytes))))
 
 
+def check_order(order: Any, block_size: Any, window: Any, user_batches: Any) -> tuple[str | None, int | None, int | None]:
+    """``FastLoader``'s ``order``, ``block_size`` and ``window`` checked before the dataset is opened
+    (``order=None``: the default, decided by :func:`choose_order` once the dataset is known)."""
+    if order is not None and (not isinstance(order, str) or order not in ORDERS):
+        raise ConfigError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
+    if order != "block" and block_size is not None:
+        raise ConfigError(f"block_size applies only with order='block', got order={order!r}")
+    if order not in ("block", "shards") and window is not None:
+        raise ConfigError(f"window applies only with order='block' or 'shards', got order={order!r}")
+    if order not in (None, "global") and user_batches is not None:
+        raise ConfigError(f"order={order!r} is FastLoader's own order: it excludes sampler and batch_sampler")
+    if block_size is not None:
+        block_size = as_int("block_size", block_size, lo=1, hint=" (samples per run) or None")
+    if window is not None:
+        window = as_int("window", window, lo=1, hint=" (runs or shards mixed together) or None")
+    return order, block_size, window
+
+
+def shard_layout(dataset: Any) -> list[int]:
+    """The samples of each shard of ``dataset`` (its manifest's, in storage order), or a ConfigError
+    where its indices are not its shards' (a Subset or ConcatDataset of packed datasets)."""
+    shards = getattr(getattr(dataset, "manifest", None), "shards", None) or []
+    counts = [int(s.count) for s in shards]
+    firsts = [int(s.first) for s in shards]
+    if not counts or firsts != [sum(counts[:k]) for k in range(len(counts))] or sum(counts) != len(dataset):
+        raise ConfigError("order='shards' reads a packed dataset's own shards; this dataset's indices are not its shards' (use order='global')")
+    return counts
+
+
+def choose_order(order: str | None, block_size: int | None, window: int | None, dataset: Any, *, shuffle: bool,
+                 rank_batch: int, prefetch: int) -> tuple[str, int | None, int | None]:  # fmt: skip
+    """The order a loader reads ``dataset`` in, with its defaults filled in.
+
+    A URL read in whole shards through a cache smaller than the dataset gets ``"shards"`` by
+    default (one log line says why), and refuses ``"global"`` and ``"block"`` (whose batches
+    read nearly every shard: the cache would grow to the dataset). ``"shards"``' window is then
+    the widest whose shards, for ``rank_batch`` samples a step (``batch_size * world_size``)
+    times the batches in flight, fit in the limit. Without a limit it is 16 shards.
+    """
+    remote = getattr(dataset, "remote", None)
+    over = bool(shuffle) and remote is not None and remote.fetch == "shards" and not remote.fits()
+    chosen = order is None and over
+    if order is None:
+        order = "shards" if over else "global"
+    elif over and order in ("global", "block"):
+        total = sum(int(s.bytes) for s in dataset.manifest.shards)
+        raise ConfigError(
+            f"order={order!r} with fetch='shards' reads nearly every shard in every batch, so the node cache would "
+            f"grow to the dataset ({total} bytes of shards) past cache_limit={remote.limit}: choose order='shards' "
+            "(the default here: shards shuffled, samples mixed within a window of shards that fits the limit), "
+            "fetch='records' (a global shuffle by range requests), or a cache_limit of at least the dataset"
+        )
+    if order == "block":
+        if block_size is None:
+            block_size = block_size_for(sum(sh.bytes for sh in dataset.manifest.shards) / len(dataset))
+        return order, block_size, 16 if window is None else window
+    if order != "shards":
+        return order, block_size, window
+    counts = shard_layout(dataset)
+    room = None if remote is None else remote.room_for_shards()
+    if window is None and room is None:
+        window = 16
+    elif window is None:
+        span = rank_batch * remote.batches_held(prefetch)
+        window = window_for([int(s.bytes) for s in dataset.manifest.shards], counts, room, span)
+        if window == 0:
+            window = 1
+            log.warning(
+                "FastLoader: cache_limit=%d holds less than the shards of %d samples in flight: windows of one "
+                "shard; the cache may pass its limit by the shards open (fetch='records' needs no more than "
+                "the batches in flight)", remote.limit, span,
+            )  # fmt: skip
+    if chosen:
+        log.info(
+            "FastLoader: order='shards' with a window of %d of %d shards, because the dataset is larger than "
+            "cache_limit=%d and a global shuffle reads every shard in every batch; for a global shuffle choose "
+            "fetch='records' (or a cache_limit of the dataset's size), or set order= and window= yourself",
+            window, len(counts), remote.limit,
+        )  # fmt: skip
+    return order, block_size, window
+
+
+def order_options(order: str, block_size: int | None, window: int | None, dataset: Any) -> dict[str, Any]:
+    """The keywords :class:`EpochSampler` takes for ``order`` beyond its name, for ``dataset``."""
+    if order == "block":
+        return {"block_size": block_size, "window": window}
+    if order == "shards":
+        return {"window": window, "shard_sizes": shard_layout(dataset)}
+    return {}
+
+
+def _check_layout(shard_sizes: Sequence[int], num_samples: int) -> np.ndarray:
+    """``shard_sizes`` as a read-only int64 array of positive counts that add up to ``num_samples``."""
+    try:
+        c = np.array([operator.index(v) for v in shard_sizes], dtype=np.int64)
+    except (TypeError, OverflowError):
+        raise ConfigError(f"shard_sizes must be a list of sample counts, got {shard_sizes!r:.60}") from None
+    if (c < 1).any() or int(c.sum()) != num_samples:
+        raise ConfigError(f"shard_sizes must be counts >= 1 adding up to num_samples={num_samples}, got {c.tolist()!r:.60}")
+    c.setflags(write=False)
+    return c
+
+
 @dataclasses.dataclass(frozen=True)
 class Batch:
     """One planned batch: sample indices and their positions in the epoch's global order."""
@@ -113,11 +228,14 @@ class EpochSampler:
         world_size: number of ranks sharing each epoch.
         pad: without ``drop_last``, repeat samples so every rank gets as many
             (DistributedSampler's padding); False gives each sample to exactly one rank.
-        order: with ``shuffle``, ``"global"`` (every epoch a permutation of all samples) or
-            ``"block"`` (:func:`block_order`; each rank reads a contiguous stretch of it).
+        order: with ``shuffle``, ``"global"`` (every epoch a permutation of all samples),
+            ``"block"`` (:func:`block_order`; each rank reads a contiguous stretch of it) or
+            ``"shards"`` (:func:`fastload.shuffle.shards.window_order`; shared as ``"global"``).
         block_size: with ``order="block"``, samples per run (:func:`block_size_for` picks one
             from the records' size).
-        window: with ``order="block"``, runs shuffled together.
+        window: with ``order="block"``, runs shuffled together; with ``order="shards"``, shards.
+        shard_sizes: with ``order="shards"``, the samples of each shard in storage order (the
+            manifest's ``count`` values); needed to plan an epoch, not to count or share one.
     """
 
     def __init__(
@@ -134,6 +252,7 @@ class EpochSampler:
         order: str = "global",
         block_size: int = 64,
         window: int = 16,
+        shard_sizes: Sequence[int] | None = None,
     ) -> None:
         if order not in ORDERS:
             raise ConfigError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
@@ -141,6 +260,7 @@ class EpochSampler:
         num_samples = as_int("num_samples", num_samples, lo=0, hi=MAX_EPOCH_SAMPLES)
         self.block_size = as_int("block_size", block_size, lo=1)
         self.window = as_int("window", window, lo=1)
+        self.shard_sizes = None if shard_sizes is None else _check_layout(shard_sizes, num_samples)
         seed = as_int("seed", seed, lo=0, hi=MAX_SEED)
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size!r}")
@@ -177,8 +297,9 @@ class EpochSampler:
     def base_order(self, epoch: int) -> np.ndarray:
         """The permutation of ``range(num_samples)`` of ``epoch``, before padding or cuts.
 
-        It depends on ``(seed, epoch, shuffle, order, block_size, window)`` only, never on the
-        world size or batch size: position ``p`` of it is the same sample on any world.
+        It depends on ``(seed, epoch, shuffle, order, block_size, window)`` (and with
+        ``order="shards"`` the shard layout) only, never on the world size or batch size:
+        position ``p`` of it is the same sample on any world.
         """
         cached = self._cache
         if cached is not None and cached[0] == epoch:
@@ -188,6 +309,10 @@ class EpochSampler:
             rng = np.random.Generator(np.random.PCG64([self.seed, epoch]))
             if self.mode == "block":
                 perm = block_order(n, block_size=self.block_size, window=self.window, rng=rng)
+            elif self.mode == "shards":
+                if self.shard_sizes is None:
+                    raise ConfigError("order='shards' needs shard_sizes (the samples of each shard) to plan an epoch")
+                perm = window_order(self.shard_sizes, self.window, rng)
             else:
                 perm = rng.permutation(n)
         else:

@@ -41,13 +41,20 @@ ORDERS = [
     {"shuffle": True, "order": "global"},
     {"shuffle": False, "order": "global"},
     {"shuffle": True, "order": "block", "block_size": 3, "window": 2},
+    {"shuffle": True, "order": "shards", "window": 3},
 ]
 
 
+def _layout(n: int) -> list[int]:
+    """Shards of 7 samples, the last one shorter: what ``order="shards"`` permutes."""
+    return [7] * (n // 7) + ([n % 7] if n % 7 else [])
+
+
 def _samplers(n: int, world: int, batch: int, kind: dict, drop_last: bool, pad: bool, seed: int = 11):
+    layout = {"shard_sizes": _layout(n)} if kind["order"] == "shards" else {}
     return [
         EpochSampler(num_samples=n, batch_size=batch, rank=r, world_size=world, drop_last=drop_last, pad=pad,
-                     seed=seed, **kind)
+                     seed=seed, **kind, **layout)
         for r in range(world)
     ]  # fmt: skip
 

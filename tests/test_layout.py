@@ -17,7 +17,7 @@ PKG = Path(__file__).resolve().parent.parent / "fastload"
 #: (``fastload.cache`` is the one bridge: FastLoader packs a torchvision dataset through it.)
 READ_SIDE = {
     "fastload.errors", "fastload.format", "fastload.imaging", "fastload.store", "fastload.reader",
-    "fastload.checks", "fastload.sampler", "fastload.augment", "fastload.pipeline", "fastload.loader",
+    "fastload.checks", "fastload.sampler", "fastload.shuffle", "fastload.augment", "fastload.pipeline", "fastload.loader",
     "fastload.dlcompat", "fastload.host", "fastload.views", "fastload.transforms", "fastload.tvkinds",
 }  # fmt: skip
 

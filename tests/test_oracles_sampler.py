@@ -635,7 +635,7 @@ BAD_SAMPLERS = [
     (dict(world_size=0, rank=0), r"^world_size must be >= 1, got 0"),
     (dict(world_size=2, rank=2), r"^rank must be in \[0, world_size=2\), got 2"),
     (dict(world_size=2, rank=-1), r"^rank must be in \[0, world_size=2\), got -1"),
-    (dict(order="random"), r"^order must be one of 'global', 'block', got 'random'"),
+    (dict(order="random"), r"^order must be one of 'global', 'block', 'shards', got 'random'"),
 ]  # fmt: skip
 
 

@@ -582,7 +582,7 @@ def test_block_order_rank_shares_are_contiguous_stretches():
 
 
 @pytest.mark.parametrize("kw, msg", [
-    ({"order": "random"}, "order must be one of 'global', 'block', got 'random'"),
+    ({"order": "random"}, "order must be one of 'global', 'block', 'shards', got 'random'"),
     ({"block_size": 0}, "block_size must be an int >= 1, got 0"),
     ({"block_size": 2.5}, "block_size must be an int, got 2.5"),
     ({"window": True}, "window must be an int, got True"),

@@ -547,6 +547,25 @@ class RemoteShards:
         assert self.manifest is not None
         return self.limit is None or self.limit >= sum(int(s.bytes) for s in self.manifest.shards)
 
+    def room_for_shards(self) -> int | None:
+        """Bytes of ``cache_limit`` an epoch's shards may take (None without a limit): the limit less this
+        dataset's own files (manifest, labels) and the downloads ahead in flight (``threads`` of the largest
+        shards), so an order sized to it keeps the cache within the limit."""
+        assert self.manifest is not None and self.root is not None
+        if self.limit is None:
+            return None
+        names = {s.file for s in self.manifest.shards}
+        own = sum(p.stat().st_size for p in self.root.iterdir() if p.is_file() and p.name not in names and ".part-" not in p.name)
+        ahead = sum(sorted((int(s.bytes) for s in self.manifest.shards), reverse=True)[: self.threads])
+        return max(0, self.limit - own - ahead)
+
+    @staticmethod
+    def batches_held(prefetch: int) -> int:
+        """Batches of a rank whose shards may be open at once: the read-ahead's (``prefetch + 2``, as the
+        loader's core sets it) and those held open after a batch (:data:`HOLD_BATCHES`, or that depth + 2)."""
+        depth = max(2, int(prefetch) + 2)
+        return depth + max(HOLD_BATCHES, depth + 2)
+
     def prefetch(self, batches: list, firsts: list[int]) -> bool:
         """Start downloading the shards ``batches`` (an epoch not started yet) need, in order of first use,
         so that they arrive while the training script is still setting up. Only with whole shards that all
