@@ -754,7 +754,8 @@ def _options(options: dict[str, Any]) -> dict[str, Any]:
 
 def engine_settings(out: Any, options: dict[str, Any]) -> _Settings:
     """:func:`pack`'s options checked for a pack written by a distributed engine (:mod:`fastload.packing.engines`)."""
-    return _settings(out, **_options(options))
+    rest = {k: v for k, v in options.items() if k != "storage_options"}
+    return _settings(out, storage_options=options.get("storage_options"), **_options(rest))
 
 
 def manifest_options(settings: _Settings, fields: bool) -> dict[str, Any]:

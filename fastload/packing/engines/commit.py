@@ -371,7 +371,11 @@ def pack_with(engine: str, first: Mapping[str, Any], out: Any, *, run: Callable[
         from ...remote.upload import pack_to_url
 
         def run_local(staging: Path, mode: str) -> PackResult:
-            local = {**options, "overwrite": True, "resume": mode != "fresh"}
+            if mode == "reuse":  # the staging pack was finished before its upload was cut
+                m = Manifest.loads((staging / "manifest.json").read_bytes(), where=str(staging))
+                return PackResult(path=staging, num_samples=m.num_samples, num_classes=len(m.classes), num_shards=len(m.shards),
+                                  bytes=sum(s.bytes for s in m.shards), skipped=list(m.skipped), seconds=0.0)  # fmt: skip
+            local = {**{k: v for k, v in options.items() if k != "storage_options"}, "overwrite": True, "resume": mode != "fresh"}
             return pack_with(engine, first, staging, run=run, parallel_map=parallel_map, image_column=image_column,
                              path_column=path_column, classes=classes, fields=fields, options=local)  # fmt: skip
 
