@@ -7,6 +7,8 @@ On the same ImageFolder of JPEGs (:func:`fastload.make_sample`, ``--images`` of 
 * **pack**: ``fastload.pack(src, out, workers=2)``;
 * **ray**: ``fastload.pack_ray`` of ``ray.data.from_items`` rows (image = the file's path, read by
   the workers; label; path) in ``--tasks`` blocks, on ``ray.init(num_cpus=2)``;
+* **inline**: the same task writer and commit with the tasks run one after another in this
+  process (no engine): one task's rate, what each engine worker does;
 * **spark**: ``fastload.pack_spark`` of a DataFrame of the same rows in ``--tasks`` partitions on
   ``local[2]``.
 
@@ -100,7 +102,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=8, help="Ray blocks / Spark partitions")
     ap.add_argument("--shard-size", default="256MB")
     ap.add_argument("--fake-shards", type=int, default=100_000)
-    ap.add_argument("--steps", default="pack,ray,spark")
+    ap.add_argument("--steps", default="pack,inline,ray,spark")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     tmp = Path(tempfile.mkdtemp(prefix="bench-engines-"))
@@ -115,6 +117,17 @@ def main() -> None:
         opts = {"shard_size": args.shard_size}
         fns = {"pack": lambda out: fastload.pack(src, out, workers=2, progress=False, **opts)}
         stop = []
+        if "inline" in steps:  # the same task writer and commit, the tasks one after another in this process: the per-task rate
+            from fastload.packing.engines.commit import local_map, pack_with
+            from fastload.packing.engines.task import write_task
+
+            chunks = [rows[k * len(rows) // args.tasks : (k + 1) * len(rows) // args.tasks] for k in range(args.tasks)]
+
+            def run(spec):
+                return [write_task(c, k, spec) for k, c in enumerate(chunks)], len(chunks)
+
+            fns["inline"] = lambda out: pack_with("inline", rows[0], out, run=run, parallel_map=local_map, image_column=None,
+                                                  path_column=None, classes=classes, fields=None, options={**opts, "progress": False})  # fmt: skip
         if "ray" in steps:
             import ray
 
