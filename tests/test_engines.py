@@ -363,3 +363,16 @@ def test_ray_packs_to_an_s3_prefix_and_many_blocks(ray_session, s3, images, refe
     url = f"s3://{bucket}/train"
     fastload.pack_ray(ds, url, classes=["class_0", "class_1", "class_2"], shard_size=SHARD, storage_options=s3.options())
     assert_same_dataset(url, reference, storage_options=s3.options())
+
+
+def test_resume_never_deletes_an_unfinished_pack_of_another_kind(images, tmp_path):
+    partial = tmp_path / "out.partial"
+    partial.mkdir()
+    journal = partial / "journal.json"
+    journal.write_text(json.dumps({"format": "fastload-journal", "version": 1}))
+    chunks = split(folder_rows(images, as_bytes=True), [8, 9])
+    with pytest.raises(ConfigError, match="not an unfinished pack_ray/pack_spark pack"):
+        engine_pack(tmp_path / "out", chunks, resume=True)
+    assert journal.exists()
+    engine_pack(tmp_path / "out", chunks, overwrite=True)  # replaced only when asked
+    assert fastload.Dataset(tmp_path / "out").manifest.num_samples == 16 and not partial.exists()

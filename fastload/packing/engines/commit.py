@@ -156,15 +156,19 @@ def prepare(out: Path, fingerprint: str, *, resume: bool, overwrite: bool) -> tu
             state = json.loads((lay.engine_dir / ENGINE_NAME).read_bytes())
         left = os.listdir(lay.partial)
         if state is not None or left or lay.engine_dir.exists():
-            if resume and isinstance(state, dict) and state.get("fingerprint") != fingerprint:
+            ours = isinstance(state, dict) and state.get("format") == "fastload-engine"
+            if resume and ours and state.get("fingerprint") != fingerprint:
                 raise ConfigError(f"cannot resume {printable(str(out))}: it was started with other options, columns or fields; "
                                   "resume with the same ones, or start over with overwrite=True")  # fmt: skip
+            if resume and not ours and not overwrite:
+                raise ConfigError(f"cannot resume {printable(str(lay.partial))}: it is not an unfinished pack_ray/pack_spark "
+                                  "pack (a fastload pack's, or one stopped before it began); start over with overwrite=True")  # fmt: skip
             if not resume and not overwrite:
-                raise ConfigError(f"{printable(str(lay.engine_dir))} holds an unfinished pack; continue it with resume=True "
+                raise ConfigError(f"{printable(str(lay.partial))} holds an unfinished pack; continue it with resume=True "
                                   "or start over with overwrite=True")  # fmt: skip
-            if not resume or state is None:
+            if not (resume and ours):
                 _clear_engine_dir(lay.engine_dir)
-            if [n for n in remove_fastload_files(lay.partial) if n]:
+            if remove_fastload_files(lay.partial):
                 raise ConfigError(f"{printable(str(lay.partial))} holds files fastload did not write; move them away yourself")
         lay.tasks.mkdir(parents=True, exist_ok=True)
         atomic_write(lay.engine_dir / ENGINE_NAME, json.dumps({"format": "fastload-engine", "fingerprint": fingerprint}).encode())

@@ -14,7 +14,7 @@ import logging
 import os
 from typing import Any, Iterable, Mapping, Sequence
 
-from ...errors import DependencyError
+from ...errors import DependencyError, PackError
 from ..run import PackResult
 from .commit import pack_with
 from .task import TaskSpec, write_task
@@ -45,12 +45,14 @@ def make_datasink(spec: TaskSpec) -> Any:
     class FastloadDatasink(ray.data.Datasink):
         def __init__(self) -> None:
             self.receipts: list[dict[str, Any]] = []
+            self.num_rows = 0
 
         def write(self, blocks: Iterable[Any], ctx: Any) -> dict[str, Any]:
             return write_task(_rows(blocks), int(ctx.task_idx), spec)
 
         def on_write_complete(self, write_result: Any) -> None:
             self.receipts = list(write_result.write_returns)
+            self.num_rows = int(write_result.num_rows)
 
         def get_name(self) -> str:
             return "FastloadShards"
@@ -101,7 +103,11 @@ def pack_ray(
             ds.write_datasink(sink)
         finally:
             ctx.execution_options.preserve_order = before
-        return sink.receipts, None
+        rows = {int(r["index"]): int(r["rows"]) for r in sink.receipts}
+        if sum(rows.values()) != sink.num_rows or sorted(rows) != list(range(len(rows))):
+            raise PackError(f"the write tasks' receipts cover {sum(rows.values())} rows in tasks {sorted(rows)[:5]}..., "
+                            f"Ray wrote {sink.num_rows}; nothing was published: run again with resume=True")  # fmt: skip
+        return sink.receipts, len(rows)
 
     return pack_with("ray", first[0], out, run=run, parallel_map=_ray_map,
                      image_column=image_column, path_column=path_column, classes=classes, fields=fields, options=options)  # fmt: skip
