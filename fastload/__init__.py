@@ -24,7 +24,7 @@ from .profile import profile
 from .checks import inspect, verify
 from .reader import Dataset
 from .sample import make_sample
-from .packing import PackResult, pack, pack_coco, pack_dataset, pack_parquet, pack_webdataset
+from .packing import PackResult, pack, pack_coco, pack_dataset, pack_parquet, pack_ray, pack_spark, pack_webdataset
 from .fields import Field, Schema
 
 # FastLoader and Augment import torch (FastLoader DALI too): load it on first use so that `fastload pack`
@@ -49,6 +49,8 @@ __all__ = [
     "pack_webdataset",
     "pack_parquet",
     "pack_coco",
+    "pack_ray",
+    "pack_spark",
     "Field",
     "Schema",
     "FieldBatch",

@@ -45,8 +45,8 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 "${pip[@]}" install -U pip setuptools wheel
 log "installing torch and torchvision (pinned, a few minutes the first time)"
 "${pip[@]}" install -c requirements/constraints.txt torch torchvision
-log "installing fastload with its bench, sample, dev, integrations, s3, fields and detection extras (DALI is about 0.9 GB)"
-"${pip[@]}" install -c requirements/constraints.txt -e ".[bench,sample,dev,integrations,s3,fields,detection]"
+log "installing fastload with its bench, sample, dev, integrations, s3, fields, detection, ray and spark extras (DALI is about 0.9 GB)"
+"${pip[@]}" install -c requirements/constraints.txt -e ".[bench,sample,dev,integrations,s3,fields,detection,ray,spark]"
 # torchvision (and timm, through it) pulls in pillow, and pillow and pillow-simd share the PIL package:
 # remove both, then build pillow-simd from source, last, bypassing the wheel cache.
 log "installing pillow-simd last, from source"
@@ -63,6 +63,17 @@ if missing:
     raise SystemExit(f"pillow-simd built without {missing}")
 print(f"[setup] PIL {PIL.__version__} (pillow-simd) with JPEG, PNG, WebP, TIFF")
 PY
+# Spark (the spark extra, tests/test_engines.py) runs on a Java 17 runtime
+if ! command -v java >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        log "installing Java 17 for Spark (openjdk-17-jre-headless)"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null \
+            || log "could not install Java: the Spark tests (tests/test_engines.py) will be skipped"
+    else
+        log "no java: the Spark tests (tests/test_engines.py) will be skipped; install a Java 17 runtime (openjdk-17-jre-headless)"
+    fi
+fi
 # Azurite, Azure Storage's emulator, is the Blob server of tests/test_remote_azure.py (an npm package: Node.js)
 if command -v npm >/dev/null; then
     log "installing Azurite (tests/azurite, npm ci)"

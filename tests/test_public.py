@@ -11,7 +11,7 @@ import fastload
 DOCUMENTED = {
     "__version__", "Dataset", "pack", "pack_dataset", "PackResult", "inspect", "verify", "make_sample", "profile",
     "FastLoader", "Augment", "IMAGENET_MEAN", "IMAGENET_STD",
-    "pack_webdataset", "pack_parquet", "pack_coco", "DetectionLoader", "Field", "Schema", "FieldBatch",
+    "pack_webdataset", "pack_parquet", "pack_coco", "pack_ray", "pack_spark", "DetectionLoader", "Field", "Schema", "FieldBatch",
     "FastloadError", "ConfigError", "DependencyError", "FormatError", "CorruptDataError", "PackError",
     "BadImageError", "LoaderError", "RemoteError",
 }  # fmt: skip

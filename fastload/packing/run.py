@@ -752,6 +752,17 @@ def _options(options: dict[str, Any]) -> dict[str, Any]:
     return kw
 
 
+def engine_settings(out: Any, options: dict[str, Any]) -> _Settings:
+    """:func:`pack`'s options checked for a pack written by a distributed engine (:mod:`fastload.packing.engines`)."""
+    rest = {k: v for k, v in options.items() if k != "storage_options"}
+    return _settings(out, storage_options=options.get("storage_options"), **_options(rest))
+
+
+def manifest_options(settings: _Settings, fields: bool) -> dict[str, Any]:
+    """The manifest's ``options`` of a pack with ``settings`` (format 3 when ``fields``)."""
+    return _options_json(settings.shard_size, settings.image, fields)
+
+
 def pack_like_pil_loader(
     src: Any,
     out: str | os.PathLike,
@@ -791,4 +802,4 @@ def pack_like_pil_loader(
 pack.__doc__ = (pack.__doc__ or "") + _COMMON_DOC
 pack_dataset.__doc__ = (pack_dataset.__doc__ or "") + _COMMON_DOC
 
-__all__ = ["pack", "pack_dataset", "pack_webdataset", "pack_parquet", "detect_source", "SOURCE_KINDS", "pack_like_pil_loader", "PackResult", "parse_size", "Progress", "PIL_LOADER_PIXELS"]
+__all__ = ["pack", "pack_dataset", "pack_webdataset", "pack_parquet", "detect_source", "SOURCE_KINDS", "pack_like_pil_loader", "PackResult", "parse_size", "Progress", "PIL_LOADER_PIXELS", "engine_settings", "manifest_options"]
