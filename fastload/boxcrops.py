@@ -31,6 +31,8 @@ from .errors import ConfigError, as_int
 #: torchvision ``RandomIoUCrop``'s defaults (the SSD paper's sampler).
 IOU_OPTIONS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
 IOU_TRIALS = 40
+#: The most ``iou_trials`` (torchvision's default is 40): each is a draw per sample per option.
+MAX_IOU_TRIALS = 10_000
 #: ``(scale, ratio)`` defaults of each crop: ``RandomIoUCrop``'s ``min/max_scale`` and
 #: ``min/max_aspect_ratio``; ``RandomResizedCrop``'s ``scale`` and ``ratio``.
 DEFAULTS = {"iou": ((0.3, 1.0), (0.5, 2.0)), "resized": ((0.08, 1.0), (3 / 4, 4 / 3))}
@@ -111,7 +113,7 @@ def crop_spec(crop: Any, *, scale: Any = None, ratio: Any = None, iou_options: A
         raise ConfigError(f"iou_options must be numbers, got {reprlib.repr(iou_options)}") from None
     if not all(math.isfinite(o) and o >= 0 for o in opts):
         raise ConfigError(f"iou_options must be finite and >= 0, got {reprlib.repr(iou_options)}")
-    trials = IOU_TRIALS if iou_trials is None else as_int("iou_trials", iou_trials, lo=1)
+    trials = IOU_TRIALS if iou_trials is None else as_int("iou_trials", iou_trials, lo=1, hi=MAX_IOU_TRIALS)
     return CropSpec(crop, scale, ratio, opts, trials)
 
 

@@ -44,6 +44,7 @@ from .dlcompat import rank_and_world
 from .errors import ConfigError, CorruptDataError, as_int
 from .imaging import pil_settings
 from .reader import Dataset
+from .augment.settings import MAX_SIDE
 from .resume import Shape, make_state, resume_position
 from .sampler import MAX_SEED, EpochSampler
 
@@ -95,10 +96,10 @@ def fixed_size(size: Any) -> tuple[int, int] | None:
     if size is None:
         return None
     if isinstance(size, (list, tuple)) and len(size) == 2:
-        return as_int("size[0]", size[0], lo=1, hint=" (height)"), as_int("size[1]", size[1], lo=1, hint=" (width)")
+        return as_int("size[0]", size[0], lo=1, hi=MAX_SIDE, hint=" (height)"), as_int("size[1]", size[1], lo=1, hi=MAX_SIDE, hint=" (width)")
     if isinstance(size, (list, tuple)):
         raise ConfigError(f"size must be an int or (height, width), got {reprlib.repr(size)}")
-    s = as_int("size", size, lo=1, hint=" (pixels) or (height, width)")
+    s = as_int("size", size, lo=1, hi=MAX_SIDE, hint=" (pixels) or (height, width)")
     return s, s
 
 
@@ -186,8 +187,8 @@ class DetectionLoader:
         world_size: int | None = None,
     ) -> None:
         self.batch_size = as_int("batch_size", batch_size, lo=1)
-        self.min_size = as_int("min_size", min_size, lo=1)
-        self.max_size = as_int("max_size", max_size, lo=1)
+        self.min_size = as_int("min_size", min_size, lo=1, hi=MAX_SIDE)
+        self.max_size = as_int("max_size", max_size, lo=1, hi=MAX_SIDE)
         if self.max_size < self.min_size:
             raise ConfigError(f"max_size={self.max_size} is below min_size={self.min_size}; the longer side caps the shorter")
         self.size = fixed_size(size)

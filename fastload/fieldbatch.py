@@ -19,6 +19,9 @@ import torch
 from .errors import ConfigError, as_int
 from .fields import Field, Schema
 
+#: The most rows ``pad_to`` may ask a padded ragged field for (a batch of them is allocated at once).
+MAX_PAD_ROWS = 1 << 20
+
 
 class FieldBatch(tuple):
     """One batch of fields: a tuple in the order of ``fields=``, with look-up by name.
@@ -110,11 +113,11 @@ class FieldRequest:
             for n, v in pad_to.items():
                 if n not in ragged:
                     raise ConfigError(f"pad_to: {reprlib.repr(n)} is not a ragged field asked for in fields= (those are: {', '.join(ragged) or 'none'})")
-                self.pad_to[n] = as_int(f"pad_to[{n!r}]", v, lo=1, hint=" (rows a padded ragged field has)")
+                self.pad_to[n] = as_int(f"pad_to[{n!r}]", v, lo=1, hi=MAX_PAD_ROWS, hint=" (rows a padded ragged field has)")
         elif pad_to is not None:
             if not ragged:
                 raise ConfigError(f"pad_to={reprlib.repr(pad_to)} is given but fields= asks for no ragged field")
-            n_rows = as_int("pad_to", pad_to, lo=1, hint=" (rows a padded ragged field has)")
+            n_rows = as_int("pad_to", pad_to, lo=1, hi=MAX_PAD_ROWS, hint=" (rows a padded ragged field has)")
             self.pad_to = {n: n_rows for n in ragged}
         if isinstance(pad_value, bool) or not isinstance(pad_value, (int, float)):
             raise ConfigError(f"pad_value must be a number, got {reprlib.repr(pad_value)}")

@@ -185,6 +185,13 @@ class Schema(tuple):
             raise ConfigError("fields: a dataset has one image field")
         if len(fields) > MAX_FIELDS:
             raise ConfigError(f"fields: {len(fields)} fields, more than the {MAX_FIELDS} a dataset may have")
+        for f in fields:
+            if f.name == "label" and f.kind != "label":  # it would read back as class 0 for every sample
+                raise ConfigError(
+                    f"fields: 'label' is a {f.spec} field, but a field named 'label' is the class index (an int 0, 1, 2, ...) "
+                    "the loader returns: rename it (the column, the WebDataset member's extension or the dict key), "
+                    "e.g. to 'label_text', or store class indices"
+                )
         return super().__new__(cls, fields)
 
     @property

@@ -317,13 +317,13 @@ def test_crop_arguments_are_checked_naming_the_value(packed):
         DetectionLoader(out, 1, scale=(0.5, 1.0))
     with pytest.raises(ConfigError, match=r"iou_options must be finite and >= 0, got \[-1\]"):
         DetectionLoader(out, 1, crop="iou", iou_options=[-1])
-    with pytest.raises(ConfigError, match=r"iou_trials must be an int >= 1, got 0"):
+    with pytest.raises(ConfigError, match=r"iou_trials must be an int in \[1, 10000\], got 0"):
         DetectionLoader(out, 1, crop="iou", iou_trials=0)
     with pytest.raises(ConfigError, match=r"min_box_size must be a number >= 1.*got 0.5"):
         DetectionLoader(out, 1, crop="iou", min_box_size=0.5)
     with pytest.raises(ConfigError, match=r"sanitize must be True, False or None.*got 'yes'"):
         DetectionLoader(out, 1, sanitize="yes")
-    with pytest.raises(ConfigError, match=r"size\[1\] must be an int >= 1 \(width\), got 0"):
+    with pytest.raises(ConfigError, match=r"size\[1\] must be an int in \[1, 8192\] \(width\), got 0"):
         DetectionLoader(out, 1, size=(10, 0))
     with pytest.raises(ConfigError, match=r"size must be an int or \(height, width\), got \(1, 2, 3\)"):
         DetectionLoader(out, 1, size=(1, 2, 3))

@@ -160,7 +160,7 @@ def test_bad_arguments_name_themselves(packed, tmp_path):
     out, _, _ = packed
     with pytest.raises(ConfigError, match=r"flip must be a probability in \[0, 1\], got 2"):
         DetectionLoader(out, 2, flip=2)
-    with pytest.raises(ConfigError, match="min_size must be an int >= 1, got 0"):
+    with pytest.raises(ConfigError, match="min_size must be an int in [[]1, 8192], got 0"):
         DetectionLoader(out, 2, min_size=0)
     with pytest.raises(ConfigError, match="max_size=50 is below min_size=60"):
         DetectionLoader(out, 2, min_size=60, max_size=50)

@@ -124,7 +124,7 @@ def test_pad_to_gives_one_tensor_and_lengths(captioned):
         (dict(fields=("txt",)), r"fields must include 'image'"),
         (dict(fields=("image", "txt", "txt")), r"'txt' is asked for twice"),
         (dict(fields=("image", "txt"), pad_to=4), r"pad_to=4 is given but fields= asks for no ragged field"),
-        (dict(fields=("image", "tokens"), pad_to=0), r"pad_to must be an int >= 1 \(rows a padded ragged field has\), got 0"),
+        (dict(fields=("image", "tokens"), pad_to=0), r"pad_to must be an int in \[1, 1048576\] \(rows a padded ragged field has\), got 0"),
         (dict(fields=("image", "tokens"), pad_to={"txt": 3}), r"pad_to: 'txt' is not a ragged field"),
         (dict(pad_to=4), r"pad_to=4 is given without fields="),
         (dict(fields=("image", "txt"), collate_fn=lambda b: b), r"fields= and collate_fn cannot be combined"),

@@ -241,6 +241,11 @@ class Policy:
         return self.num_ops if self.kind == "rand" else max(len(s) for s in self.sub_policies)
 
 
+#: The largest brightness, contrast or saturation factor: float32's largest value, past which
+#: torchvision's ``ColorJitter`` refuses to draw one.
+MAX_JITTER_FACTOR = 3.4028234663852886e38
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Jitter:
     """torchvision's ``ColorJitter`` ranges (None: that part off), applied in a random order per image.
@@ -262,7 +267,9 @@ class Jitter:
         for name in ("brightness", "contrast", "saturation"):
             v = getattr(self, name)
             if v is not None:
-                object.__setattr__(self, name, check_pair(f"jitter {name}", v, lo=0.0))
+                # torchvision draws each factor with torch's float32 uniform_, which refuses a bound past
+                # float32's largest value ("to is out of bounds for float"); here it would be inf, then NaN
+                object.__setattr__(self, name, check_pair(f"jitter {name}", v, lo=0.0, hi=MAX_JITTER_FACTOR))
         if self.hue is not None:
             object.__setattr__(self, "hue", check_pair("jitter hue", self.hue, lo=-0.5, hi=0.5))
 

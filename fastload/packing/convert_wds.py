@@ -37,12 +37,37 @@ from .sources import Task
 
 log = logging.getLogger(__name__)
 
+#: The most tar files a brace pattern may name (a mistyped ``{0..999999999999}`` is refused, not listed).
+MAX_TAR_FILES = 1 << 20
 #: Extensions that hold the image, in the order one is chosen when a sample has several.
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 _KEY_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext
 _META_RE = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta
 #: Extensions stored as ``str`` fields (UTF-8 text); any other but the image and ``cls`` is ``bytes``.
 _TEXT = ("txt", "json")
+
+
+_RANGE_RE = re.compile(r"(-?\d+|[A-Za-z])\.\.(-?\d+|[A-Za-z])(?:\.\.-?\d+)?\Z")
+
+
+def brace_count(pattern: str) -> int:
+    """At most how many names ``pattern`` expands to, found without expanding it: the product of
+    each brace group's count (a range ``{a..b}``: its length; ``{x,y,z}``: its alternatives)."""
+    total = 1
+    while True:
+        groups = list(re.finditer(r"\{([^{}]*)\}", pattern))  # the innermost groups
+        if not groups:
+            return total
+        for g in groups:
+            m = _RANGE_RE.match(g.group(1))
+            if m:
+                a, b = m.group(1), m.group(2)
+                total *= abs(int(b) - int(a)) + 1 if a.lstrip("-").isdigit() and b.lstrip("-").isdigit() else abs(ord(b[0]) - ord(a[0])) + 1
+            else:
+                total *= g.group(1).count(",") + 1
+        pattern = pattern[: groups[0].start()] + "".join(
+            "x" + pattern[g.end() : (groups[i + 1].start() if i + 1 < len(groups) else len(pattern))] for i, g in enumerate(groups)
+        )
 
 
 def expand_shards(src: str | os.PathLike | Sequence[str]) -> list[str]:
@@ -63,6 +88,8 @@ def expand_shards(src: str | os.PathLike | Sequence[str]) -> list[str]:
             from braceexpand import braceexpand
         except ImportError:
             raise DependencyError("a brace pattern needs the braceexpand package: pip install 'fastload[fields]'") from None
+        if brace_count(s) > MAX_TAR_FILES:  # braceexpand lists each range whole before the first name
+            raise ConfigError(f"SRC {printable(s)[:200]}: the brace pattern names more than {MAX_TAR_FILES} tar files")
         paths = list(braceexpand(s))
         missing = [p for p in paths if not os.path.isfile(p)]
         if missing:

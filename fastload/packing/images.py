@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import printable, short_message
+from ..errors import BadImageError, printable, short_message
 from ..format import (
     DEFAULT_MAX_PIXELS,
     ENC_JPEG,
@@ -605,6 +605,20 @@ def _read_file(path: str, opts: ImageOptions) -> bytes:
     if got > limit:
         raise _too_large(got, opts)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def read_image_file(path: str | os.PathLike, max_pixels: int) -> bytes:
+    """The bytes of the image file at ``path``: a regular file (a FIFO or device is refused from
+    ``fstat``, never waited on or read) of at most :func:`max_file_bytes` bytes (checked before
+    reading, and again as it is read).
+
+    Raises:
+        BadImageError: naming the path and why it is refused.
+    """
+    try:
+        return _read_file(os.fspath(path), ImageOptions(max_pixels=max_pixels))
+    except _Refused as r:
+        raise BadImageError(printable(os.fspath(path)), str(r.args[0])) from None
 
 
 def fast_file(task: Task, opts: ImageOptions) -> bytes | bytearray | tuple | None:

@@ -732,7 +732,7 @@ def pack_coco(
     if options.get("max_size") is not None:
         raise ConfigError(f"max_size={options['max_size']!r}: a COCO pack keeps the images' own size (the boxes are in their pixels); resize in the loader")
     settings = _settings(out, **_options(options))
-    samples = CocoSamples(images, annotations, skip_empty=skip_empty, masks=masks)
+    samples = CocoSamples(images, annotations, skip_empty=skip_empty, masks=masks, max_pixels=settings.image.max_pixels)
     source = DictDatasetSource(samples, None, {**COCO_FIELDS, **({"mask": "bytes"} if masks else {})})
     source.description = f"coco:{os.fspath(annotations)}"
     source.manifest_options = {"coco": samples.manifest_options(annotations)}

@@ -33,6 +33,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -41,7 +42,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from ..errors import ConfigError, CorruptDataError, FormatError, RemoteError, printable
-from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
+from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, MAX_SHARD_BYTES, Manifest
 from .store import NotFound, RemoteStore
 from .url import parse_url
 
@@ -104,17 +105,55 @@ def cache_root(cache_dir: Any) -> Path:
     return Path(cache_dir) / "remote"
 
 
-def dataset_files(manifest_json: dict) -> list[dict]:
+def dataset_files(manifest_json: dict, where: str = "manifest.json") -> list[dict]:
     """The dataset-level files a manifest lists (``labels`` and any other entry holding ``file``,
-    ``bytes`` and ``sha256``), shards excepted."""
+    ``bytes`` and ``sha256``), shards excepted; each entry's ``bytes`` checked to be an int within
+    the format's limit and its ``sha256`` 64 hex digits, before anything is reserved or fetched.
+
+    Raises:
+        FormatError: naming ``where`` and the entry.
+    """
     out = []
     for key, v in manifest_json.items():
         if key == "shards":
             continue
         for item in v if isinstance(v, list) else [v]:
             if isinstance(item, dict) and {"file", "bytes", "sha256"} <= set(item):
+                size, sha = item["bytes"], item["sha256"]
+                if type(size) is not int or not 0 <= size <= MAX_SHARD_BYTES:
+                    raise FormatError(f"{where}: {key!r} claims {printable(repr(size))[:80]} bytes; a size is an int in 0..{MAX_SHARD_BYTES}")
+                if not (isinstance(sha, str) and re.fullmatch("[0-9a-f]{64}", sha)):
+                    raise FormatError(f"{where}: {key!r} has sha256 {printable(repr(sha))[:80]}, not 64 hex digits")
                 out.append(item)
     return out
+
+
+def _cache_error(path: Path, e: OSError, doing: str) -> ConfigError:
+    """The one-line error for a cache directory that cannot be used: the path, what failed, why."""
+    return ConfigError(
+        f"cache_dir: cannot {doing} {printable(str(path))}: {e.strerror or e}; give a writable directory with room "
+        "(cache_dir=..., or $FASTLOAD_CACHE)"
+    )
+
+
+def reserve(part: Path, size: int) -> None:
+    """Make ``part`` a file of ``size`` bytes, once the disk is seen to have that much free.
+
+    Raises:
+        ConfigError: the disk has too little room, or the file cannot be made (naming it).
+    """
+    try:
+        free = shutil.disk_usage(part.parent).free
+        if size > free:
+            raise OSError(errno.ENOSPC, f"{size} bytes are needed, the disk has {free} free")
+        with open(part, "wb") as f:
+            f.truncate(size)
+    except OSError as e:
+        try:
+            part.unlink()
+        except OSError:
+            pass
+        raise _cache_error(part, e, "reserve") from None
 
 
 def _safe_name(name: str, where: str) -> str:
@@ -232,17 +271,25 @@ class RemoteShards:
         url_id = hashlib.sha256(str(self.url).encode()).hexdigest()[:12]
         slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{self.url.bucket}_{self.url.prefix}")[-60:].strip("._") or "dataset"
         root = self.cache / f"{slug}-{url_id}" / digest[:16]
-        (root / ".locks").mkdir(parents=True, exist_ok=True)
         for s in manifest.shards:
             _safe_name(s.file, where)
+        files = dataset_files(json.loads(text), str(where))
+        try:
+            (root / ".locks").mkdir(parents=True, exist_ok=True)
+            probe = root / ".locks" / "meta.lock"
+            os.close(os.open(probe, os.O_RDWR | os.O_CREAT, 0o644))
+        except OSError as e:  # a file, read-only, under /proc, a full disk
+            raise _cache_error(root, e, "use") from None
         if not (root / MANIFEST_NAME).exists():
             meta = _Flock(root / ".locks" / "meta.lock")
             try:
                 meta.lock(fcntl.LOCK_EX)
                 if not (root / MANIFEST_NAME).exists():
-                    for item in dataset_files(json.loads(text)):
-                        self._fetch_verified(root, _safe_name(item["file"], where), int(item["bytes"]), str(item["sha256"]))
+                    for item in files:
+                        self._fetch_verified(root, _safe_name(item["file"], where), item["bytes"], item["sha256"])
                     self._write_atomic(root / MANIFEST_NAME, text)  # last: its presence says the rest is there
+            except OSError as e:
+                raise _cache_error(root, e, "write into") from None
             finally:
                 meta.close()
         self.manifest, self.root = manifest, root
@@ -261,10 +308,14 @@ class RemoteShards:
         try:
             for attempt in (1, 2):
                 h = hashlib.sha256()
-                self.remote.download(name, part, size, progress=h.update)
-                if h.hexdigest() == sha256:
-                    os.replace(part, path)
-                    return
+                reserve(part, size)
+                try:
+                    self.remote.download(name, part, size, progress=h.update)
+                    if h.hexdigest() == sha256:
+                        os.replace(part, path)
+                        return
+                except OSError as e:  # the disk filled up, the directory went away
+                    raise _cache_error(part, e, "write") from None
                 log.warning("%s: SHA-256 differs from the manifest (try %d of 2)", self.url.child(name), attempt)
             raise CorruptDataError(
                 f"{self.url.child(name)}: SHA-256 of the downloaded bytes differs from the manifest, twice; the object was "
@@ -305,7 +356,10 @@ class RemoteShards:
                 return path
             if k in self._bad:
                 raise self._bad[k]
-            fl = _Flock(lockpath)
+            try:
+                fl = _Flock(lockpath)
+            except OSError as e:
+                raise _cache_error(lockpath, e, "create") from None
             try:
                 while True:
                     fl.lock(fcntl.LOCK_SH)
@@ -397,8 +451,11 @@ class RemoteShards:
             for attempt in (1, 2):
                 h = hashlib.sha256()
                 # a download ahead stops when the cache is closed; one a reader waits for does not
-                self.remote.download(shard.file, part, shard.bytes, progress=h.update,
-                                     cancelled=None if urgent else self._stopped)  # fmt: skip
+                try:
+                    self.remote.download(shard.file, part, shard.bytes, progress=h.update,
+                                         cancelled=None if urgent else self._stopped)  # fmt: skip
+                except OSError as e:  # the disk filled up, the directory went away
+                    raise _cache_error(part, e, "write") from None
                 if h.hexdigest() == shard.sha256:
                     os.replace(part, path)
                     self.downloads += 1
@@ -493,8 +550,7 @@ class RemoteShards:
                     if not urgent:
                         return False
                     log.info("cache over its limit: %s is needed now and every cached shard is in use", part.name)
-            with open(part, "wb") as f:
-                f.truncate(size)
+            reserve(part, size)
             return True
         finally:
             space.close()
@@ -596,11 +652,11 @@ class RemoteShards:
                     self._workers = [t for t in self._workers if t is not threading.current_thread()]
                     return
                 k = self._queue.pop(0)
-            if k in self._pins or k in self._bad or self._present(k):
-                continue
-            _, lockpath = self._paths(k)
-            fl = _Flock(lockpath)
-            try:
+            fl = None
+            try:  # whatever fails here (a lock file that cannot be made) the reader that needs shard k reports
+                if k in self._pins or k in self._bad or self._present(k):
+                    continue
+                fl = _Flock(self._paths(k)[1])
                 if not fl.try_lock(fcntl.LOCK_EX):  # being downloaded by another rank, or in use
                     continue
                 if not self._present(k) and not self._download(k, urgent=False):
@@ -610,7 +666,8 @@ class RemoteShards:
             except Exception as e:  # noqa: BLE001 - the reader that needs it reports the problem
                 log.debug("prefetch of shard %d failed: %s", k, e)
             finally:
-                fl.close()
+                if fl is not None:
+                    fl.close()
 
     def _stopped(self) -> bool:
         return self._stop or self._ahead_stopped
