@@ -136,3 +136,38 @@ def test_a_sparse_copy_counts_its_blocks_not_its_size(tmp_path, objects):
     for k in range(3):
         rs.release(k)
     rs.close()
+
+
+@pytest.mark.parametrize("order", ["a then b", "b then a", "threads"])
+def test_two_readers_of_one_cache_download_each_shard_once(tmp_path, objects, order):
+    """Scenario: two readers of one node (two ranks, each its own RemoteShards on the same
+    cache_dir) read the same shards. Rule: a shard one of them downloaded (or is downloading) is
+    the other's too: each shard comes from the store once, and both read its verified bytes.
+    Bugs: a per-process cache directory, the shared lock not taken before the download."""
+    import threading
+
+    a, b = cache(tmp_path, objects, limit=None), cache(tmp_path, objects, limit=None)
+    assert a.root == b.root
+    shards, wrong = list(range(6)), []
+
+    def read(rs):
+        for k in shards:
+            path = rs.acquire(k)
+            if path.read_bytes() != objects[rs.manifest.shards[k].file]:
+                wrong.append(k)
+            rs.release(k)
+
+    if order == "threads":
+        ts = [threading.Thread(target=read, args=(rs,)) for rs in (a, b)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    else:
+        for rs in (a, b) if order == "a then b" else (b, a):
+            read(rs)
+    assert not wrong
+    got = [n for rs in (a, b) for n in rs.remote.downloaded if n.startswith("shard-")]
+    assert sorted(got) == sorted(s.file for s in a.manifest.shards)
+    a.close()
+    b.close()
