@@ -133,3 +133,28 @@ def test_a_fresh_pack_never_uploads_another_sources_finished_staging_copy(store,
     store.objects.clear()
     fastload.pack(b_src, URL, shard_size="8KiB", workers=1, progress=False)
     assert same_dataset(store.objects, b)
+
+
+def test_a_resumed_upload_with_another_source_never_uploads_the_first_sources_staging_copy(store, monkeypatch, tmp_path):
+    """Scenario: source A's pack to the URL finished its staging copy and lost the store during the
+    upload; then source B is packed to the URL with ``resume=True``. Rule (as a local resume: "the
+    source changed since it was started"): the staging copy of another source is never uploaded as
+    B's; the resume is refused naming why. A resume with A itself uploads A. Bug (found by this test,
+    fixed): the finished staging copy reused whatever the source, so B's command uploaded A."""
+    a_src = paint_folder(tmp_path / "a", classes=2, per_class=5, size=(60, 40))
+    b_src = paint_folder(tmp_path / "b", classes=3, per_class=4, size=(50, 44))
+    a = local_pack(a_src, tmp_path / "a_local")
+
+    def refuse(objects):
+        raise ConnectionError("the store went away")
+
+    monkeypatch.setattr(store, "check", staticmethod(refuse))
+    with pytest.raises(ConnectionError):
+        fastload.pack(a_src, URL, shard_size="8KiB", workers=1, progress=False)
+    monkeypatch.setattr(store, "check", staticmethod(lambda objects: None))
+    store.objects.clear()
+    with pytest.raises(fastload.errors.ConfigError, match="packed from another source"):
+        fastload.pack(b_src, URL, shard_size="8KiB", workers=1, progress=False, resume=True)
+    assert MANIFEST_NAME not in store.objects
+    fastload.pack(a_src, URL, shard_size="8KiB", workers=1, progress=False, resume=True)
+    assert same_dataset(store.objects, a)
