@@ -409,9 +409,18 @@ def _run_to_url(source: Source, settings: _Settings) -> PackResult:
     t0 = time.monotonic()
 
     def run_local(staging: Path, mode: str) -> PackResult:
+        mark = staging.parent / "source.sha256"  # what the staging copy is packed from
         if mode != "reuse":
+            mark.parent.mkdir(parents=True, exist_ok=True)
+            mark.write_text(source.fingerprint())
             local = dataclasses.replace(settings, url=None, out=staging, resume=mode == "resume", overwrite=True)
             return _run(source, local)
+        if not mark.is_file() or mark.read_text() != source.fingerprint():
+            raise ConfigError(
+                f"cannot resume the upload to {settings.url}: its finished staging copy {printable(str(staging))} was "
+                "packed from another source (or the source changed since); resume with the same SRC, or pack again "
+                "without --resume"
+            )
         m = read_manifest(staging)
         return PackResult(path=staging, num_samples=m.num_samples, num_classes=len(m.classes), num_shards=len(m.shards),
                           bytes=sum(s.bytes for s in m.shards), skipped=list(m.skipped), seconds=0.0)  # fmt: skip
