@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fastload.errors import ConfigError
-from fastload.settings import Jitter
+from fastload.augment.settings import Jitter
 
 T = pytest.importorskip("torchvision.transforms")
 
