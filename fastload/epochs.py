@@ -127,6 +127,9 @@ class EpochRun:
                 err: BaseException = e
             elif isinstance(e, FastloadError):
                 err = LoaderError(str(e))
+            elif isinstance(e, (OSError, MemoryError)):  # the machine, not a sample: said as it is
+                err = LoaderError(f"the FastLoader background thread failed: {type(e).__name__}: {str(e)[:300]}")
+                err.__cause__ = e
             else:
                 pending = [int(i) for b in self._inflight for i in b.indices]
                 err = core.locate_decode_error(pending, e)
