@@ -66,3 +66,23 @@ def test_each_erased_rectangle_draws_new_noise_from_its_images_stream():
     a, b = gen.standard_normal((3, 1, 1), dtype=np.float32), gen.standard_normal((3, 1, 1), dtype=np.float32)
     assert np.array_equal(chan[0][0], np.broadcast_to(a, (3, 3, 4)).transpose(1, 2, 0))
     assert np.array_equal(chan[1][0], np.broadcast_to(b, (3, 2, 3)).transpose(1, 2, 0))
+
+
+def test_nearest_interpolation_never_averages_pixels(tmp_path):
+    """Rule (torchvision's NEAREST picks source pixels): large JPEGs of one-pixel black and white stripes, cropped
+    small, come out black and white. A reduced-scale decode (JPEG's DCT scaling averages neighbours, what the CPU
+    path does for large crops under the other filters) would give grey."""
+    import fastload
+
+    stripes = np.zeros((240, 320, 3), dtype=np.uint8)
+    stripes[:, ::2] = 255
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    for i in range(8):
+        Image.fromarray(stripes).save(src / f"{i}.jpg", quality=100, subsampling=0)
+    fastload.pack(tmp_path / "src", tmp_path / "packed", workers=1, progress=False)
+    with fastload.FastLoader(tmp_path / "packed", 8, device="cpu", crop=16, interpolation="nearest", mean=None,
+                             std=None, seed=2) as ld:  # fmt: skip
+        x, _ = next(iter(ld))
+    far = ((x.int() - 128).abs() > 90).float().mean()
+    assert far > 0.95, float(far)
