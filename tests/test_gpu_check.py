@@ -12,7 +12,7 @@ from pathlib import Path
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ["preflight", "data", "pytest", "agreement", "race", "hw_decoder", "throughput", "training"]
+STEPS = ["preflight", "data", "pytest", "agreement", "race", "hw_decoder", "throughput", "augment", "training"]
 
 
 def test_cpu_dry_run_runs_every_step_and_writes_the_report(tmp_path):

@@ -79,6 +79,9 @@ def _first_batch(packed, batch: int, transform, monkeypatch) -> tuple[Recorder, 
     from PIL import ImageEnhance, ImageOps
     from timm.data import auto_augment
 
+    from fastload.host import core_ops
+
+    core_ops()  # the host finish's one-time self-check of PIL's resize, before anything is watched
     calls: collections.Counter = collections.Counter()
     producer: list[threading.Thread] = []
     watched = list(WATCHED) + [(ImageOps, n) for n in ("equalize", "autocontrast", "solarize", "posterize", "invert")]
@@ -134,4 +137,5 @@ def test_the_spies_see_a_per_image_loop(many, monkeypatch):
 
     monkeypatch.setattr(EpochRun, "_convert", with_a_loop)
     rec, calls = _first_batch(many, 8, _ta_wide(), monkeypatch)
-    assert calls["rotate"] == 8 and calls["fromarray"] == 8
+    # every batch the thread converted (it runs ahead of the consumer): 8 images each
+    assert calls["rotate"] >= 8 and calls["rotate"] % 8 == 0 and calls["fromarray"] == calls["rotate"]
