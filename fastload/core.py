@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import ctypes
 import os
 import threading
@@ -26,7 +25,7 @@ from .augment import eval_params, train_params
 from .errors import FastloadError, FormatError, LoaderError
 from .format import DEFAULT_MAX_PIXELS
 from .augment.stage import GraphStage
-from .pipeline import GraphSpec, build_augment_pipeline, build_pipeline, decoder_sizing, encoded_batch, import_dali
+from .pipeline import GraphSpec, build_pipeline, decoder_sizing, encoded_batch, import_dali
 from .reader import Dataset, ReadAhead
 from .augment.settings import Augment
 from .threads import probe
@@ -130,12 +129,13 @@ class Core:
         self.channels_last = augment.channels_last
         self.interpolation = augment.interpolation
         # CPU training batches are resized and normalised on the host (faster than DALI's CPU resize)
-        self.host_finish = self.device.type == "cpu" and self.train
+        self.stage = _stage(augment) if self.train else None
+        # CPU training batches are resized and normalised on the host (faster than DALI's CPU resize), unless
+        # they are augmented: then the whole graph runs in DALI, as on a GPU (beside a training loop's Python
+        # the host finish's per-image GIL hand-offs cost 5x: measured, benchmarks/results/augment-*)
+        self.host_finish = self.device.type == "cpu" and self.train and self.stage is None
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.pipe: Any = None
-        self.stage = _stage(augment) if self.train else None
-        self.augment_pipe: Any = None  # host_finish with a stage: the stage's own CPU pipeline
-        self.augment_feed: tuple | None = None  # its next batch (augment_source)
         self.run: Any = None  # the fastload.epochs.EpochRun producing now
         # the records of the next batches are asked for from a few threads, ahead of DALI (cold data)
         # (records fetched one by one from a store are dropped from the node cache once read)
@@ -207,7 +207,7 @@ class Core:
             pool, self.decode_pool = self.decode_pool, None
             if pool is not None:  # not waited for: the finaliser may run in one of its threads
                 pool.close()
-            self.pipe = self.augment_pipe = None  # DALI frees its buffers (and GPU memory) with the pipeline
+            self.pipe = None  # DALI frees its buffers (and GPU memory) with the pipeline
             if self.stream is not None:
                 with contextlib.suppress(Exception):
                     self.stream.synchronize()  # this stream only: the copies in flight
@@ -238,7 +238,7 @@ class Core:
             hw_decoder_load=self.hw_decoder_load,
             host_finish=self.host_finish,
             interpolation=self.interpolation,
-            stage=None if self.host_finish else self.stage,
+            stage=self.stage,
             # the mixed decoder's buffers, sized from the dataset's recorded image sizes
             **decoder_sizing(self.dataset.manifest.stats, max_pixels=self.dataset.manifest.max_pixels).fields(),
         )
@@ -246,8 +246,6 @@ class Core:
         # CPU pipeline of N threads starts 2N + 3; the epoch thread and a margin on top)
         probe(2 * self.num_threads + 8, what=f"the DALI pipeline ({self.num_threads} CPU threads)")
         try:
-            if self.stage is not None and self.host_finish:
-                self.augment_pipe = build_augment_pipeline(dataclasses.replace(spec, stage=self.stage), self.augment_source)
             return build_pipeline(spec, self.source)
         except FastloadError:
             raise
@@ -296,13 +294,6 @@ class Core:
         if self.stage is not None:
             return (encoded_batch(enc), anchors, shapes, flips, *self.stage_feed(run.epoch, batch.positions))
         return (encoded_batch(enc), anchors, shapes, flips)
-
-    def augment_source(self) -> tuple:
-        """The stage pipeline's callback (host-finished crops): the batch the epoch thread set before ``run()``."""
-        feed, self.augment_feed = self.augment_feed, None
-        if feed is None:
-            raise StopIteration
-        return feed
 
     def stage_feed(self, epoch: int, positions: np.ndarray) -> list:
         """The augmentation stage's inputs for one batch (:meth:`fastload.augment.stage.GraphStage.feed`)."""

@@ -154,20 +154,11 @@ class EpochRun:
                 why = "PIL cannot identify it as an image" if type(e).__name__ == "UnidentifiedImageError" else str(e)
                 where = core.dataset.where(int(batch.indices[k]))
                 raise LoaderError(f"{where} failed to decode: {(why or type(e).__name__)[:200]}") from e
-        staged = core.stage is not None  # uint8 NHWC crops for the stage's pipeline, which normalises
         images = finish_crops(
-            cpu_samples(tl), flips, crop=core.crop, mean=None if staged else core.mean, std=None if staged else core.std,
-            dtype=torch.uint8 if staged else core.dtype, channels_last=staged or core.channels_last, finished=finished,
-            interpolation=core.interpolation,
+            cpu_samples(tl), flips, crop=core.crop, mean=core.mean, std=core.std,
+            dtype=core.dtype, channels_last=core.channels_last, finished=finished, interpolation=core.interpolation,
         )  # fmt: skip
         return images, torch.from_numpy(labels_np), None
-
-    def _augmented_on_host(self, images: torch.Tensor, batch: Batch):
-        """Host-finished uint8 crops (NCHW view of NHWC storage) through the stage's own CPU pipeline."""
-        core = self.core
-        core.augment_feed = (images.permute(0, 2, 3, 1).numpy(), *core.stage_feed(self.epoch, batch.positions))
-        (out,) = core.augment_pipe.run()
-        return self._to_torch(out.as_tensor())
 
     def _to_torch(self, dali_tensor) -> torch.Tensor:
         """A dense DALI batch as the loader's torch tensor (NCHW, or its channels-last view), on its side stream."""
@@ -197,10 +188,7 @@ class EpochRun:
             done = self._finished_on_host(tl, batch, labels_np)
             if done is None:  # stopping
                 return None
-            images, labels, event = done
-            if core.stage is not None:
-                images = self._augmented_on_host(images, batch)
-            return images, labels, event
+            return done
         if core.stream is None:
             return self._to_torch(tl.as_tensor()), torch.from_numpy(labels_np), None
         stream = core.stream

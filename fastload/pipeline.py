@@ -11,7 +11,8 @@ decoder where the GPU has one) and the rest runs on the GPU.
 On the CPU, training graphs stop after the ROI decode (``host_finish``): measured on
 2 cores, DALI's CPU resize costs about 0.6 ms per 224x224 crop against 0.11 ms for
 pillow-simd's SIMD resize, so the loader finishes those batches itself (see
-``fastload.host.finish_crops``).
+``fastload.host.finish_crops``). Augmented training batches (``spec.stage``) run the whole graph
+in DALI on both devices: the crop, the flip, the stage's operations, the normalisation, the erasing.
 
 Every decoder runs with ``adjust_orientation=False``: ``fastload pack`` stores payloads
 upright (EXIF orientation applied, the record header giving the upright size), so a payload
@@ -301,7 +302,7 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
               "lanczos": types.INTERP_LANCZOS3}[spec.interpolation]  # fmt: skip
     # torchvision's PIL path: antialiased except nearest (PIL's NEAREST picks the source pixel)
     resize_kw = {"interp_type": interp, "antialias": spec.interpolation != "nearest"}
-    staged = spec.train and not spec.host_finish and spec.stage is not None
+    staged = spec.train and not spec.host_finish and spec.stage is not None  # (host_finish has no stage)
     extra = _stage_inputs(spec) if staged else ([], [], [])
 
     @dali.pipeline_def(
@@ -336,7 +337,7 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
             if staged:  # flipped before the operations, as torchvision's RandomHorizontalFlip comes first
                 img = fn.flip(img, device=op_device, horizontal=flip, vertical=0)
                 return _augmented(spec, img, inputs, op_device)  # per-sample inputs stay on the CPU
-            crop_kw: dict = {"mirror": flip}
+            crop_kw = {"mirror": flip}
         else:  # torchvision's Resize + CenterCrop, exactly: sizes and corners come from the host
             enc, size, corner = fn.external_source(
                 source=source, num_outputs=3, batch=True, dtype=[types.UINT8, types.FLOAT, types.FLOAT], ndim=[1, 1, 1]
@@ -346,24 +347,6 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
             img = fn.slice(img, corner, [float(spec.crop), float(spec.crop)], normalized_anchor=False, normalized_shape=False)
             crop_kw = {}
         return fn.crop_mirror_normalize(img, device=op_device, **_normalise_kw(spec), **crop_kw)
-
-    pipe = graph()
-    pipe.build()
-    return pipe
-
-
-def build_augment_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
-    """The stage alone, on the CPU, for crops finished on the host: ``source()`` gives one batch, the uint8 NHWC
-    crops then the stage's inputs (its feed, in order); called by DALI inside each ``run()``."""
-    dali, fn, types = import_dali()
-    dts, nds, lays = _stage_inputs(spec)
-
-    @dali.pipeline_def(batch_size=spec.batch_size, num_threads=spec.num_threads, device_id=None, prefetch_queue_depth=1,
-                       exec_async=False, exec_pipelined=False, seed=0, enable_conditionals=True)  # fmt: skip
-    def graph():
-        img, *inputs = fn.external_source(source=source, num_outputs=1 + len(dts), batch=True,
-                                          dtype=[types.UINT8, *dts], ndim=[3, *nds], layout=["HWC", *lays])  # fmt: skip
-        return _augmented(spec, img, inputs, "cpu")
 
     pipe = graph()
     pipe.build()

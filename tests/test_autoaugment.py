@@ -268,14 +268,14 @@ def test_erasing_noise_is_standard_normal_where_it_erases_and_nowhere_else(pixel
     same loader without erasing: only one rectangle per image changes, its values standard normal (KS)."""
     base = [T.RandomResizedCrop(24), T.ToTensor(), T.Normalize(MEAN, STD)]
     kw = dict(device="cpu", seed=6)
-    with FastLoader(pixel_dataset.packed, 24, transform=T.Compose(base), **kw) as a, \
+    with FastLoader(pixel_dataset.packed, 24, transform=T.Compose(base + [T.RandomErasing(0.0)]), **kw) as a, \
             FastLoader(pixel_dataset.packed, 24, transform=T.Compose(base + [TimmErasing(1.0, mode=mode, device="cpu")]), **kw) as b, \
             FastLoader(pixel_dataset.packed, 24, transform=T.Compose(base + [TimmErasing(1.0, mode=mode, device="cpu")]), **kw) as c:  # fmt: skip
         (x, _), (y, _), (z, _) = next(iter(a)), next(iter(b)), next(iter(c))
     assert torch.equal(y, z)  # the same seed, the same noise
     values = []
     for j in range(len(x)):
-        mask = ((x[j] - y[j]).abs() > 1e-4).any(0)  # normalised by the graph vs the host: a few ulps apart elsewhere
+        mask = (x[j] != y[j]).any(0)  # (the plain loader erases at rate 0: the same graph)
         if not mask.any():
             continue
         rows, cols = mask.any(1).nonzero(), mask.any(0).nonzero()
