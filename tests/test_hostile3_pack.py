@@ -303,6 +303,7 @@ def _starts_of_a_pack(src: Path, tmp_path: Path, monkeypatch) -> int:
     return len(seen)
 
 
+@pytest.mark.slow  # 31 s: every start of the sequence refused in turn
 @pytest.mark.timeout(600)
 def test_every_thread_start_failing_from_the_nth_on_stops_cleanly_and_resumes_identically(mixed, tmp_path, monkeypatch):
     """A limit reached at any point of a pack: from the N-th start on, every thread start fails,
