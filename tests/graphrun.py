@@ -23,7 +23,26 @@ WHOLE_PIXEL = {"TranslateX", "TranslateY"}
 #: which tests/test_graph_color.py checks exactly; against PIL it is 13 levels at most (2.4 on average) on photos,
 #: but up to 238 on the few-level synthetic crops of these tests (two levels of equal count: PIL 0 and 127,
 #: OpenCV 0 and 255), so here it is held to nothing.
-COLOR_BOUNDS: dict[str, tuple[float, float]] = {"Equalize": (255.0, 255.0), "GaussianBlur": (1.0, 0.01)}
+#: The ImageEnhance blends and autocontrast run as fused float32 operators (a per-sample colour matrix, one 3x3
+#: kernel, a centred scale): a level at most (tests/test_graph_color.py measures each).
+COLOR_BOUNDS: dict[str, tuple[float, float]] = {
+    "Equalize": (255.0, 255.0), "GaussianBlur": (1.0, 0.01),
+    **{n: (1.0, 0.4) for n in ("Contrast", "ContrastIncreasing", "Sharpness", "SharpnessIncreasing", "AutoContrast")},
+    # the blend with the unrounded luma: at factor 0 (timm's full desaturation) a truncation where PIL rounds
+    **{n: (1.0, 0.6) for n in ("Color", "ColorIncreasing", "Desaturate")},
+}  # fmt: skip
+
+#: NTSC's RGB -> YIQ, the space in which the graph turns the hue (written here from the standard, not imported).
+YIQ = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
+
+
+def yiq_hue(rgb: np.ndarray, hue: float) -> np.ndarray:
+    """The graph's hue part on an HWC uint8 image: YIQ's chroma turned by ``-hue`` of a full turn (the direction
+    closer to PIL's HSV hue), back to RGB, truncated and clipped."""
+    t = -2.0 * np.pi * hue
+    turn = np.array([[1.0, 0.0, 0.0], [0.0, np.cos(t), -np.sin(t)], [0.0, np.sin(t), np.cos(t)]])
+    m = np.linalg.solve(YIQ, turn @ YIQ)
+    return np.clip(np.floor(rgb.astype(np.float64) @ m.T), 0, 255).astype(np.uint8)
 
 
 def run_graph(u8: torch.Tensor, plans, *, library: str, fill=None) -> torch.Tensor:

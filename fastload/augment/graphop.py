@@ -20,8 +20,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-#: Floats each sample receives per step (ColorJitter's order and four factors need eight).
-ARGS = 8
+#: Floats each sample receives per step (ColorJitter's four slots: a 3x3 colour matrix and a contrast weight each).
+ARGS = 40
 
 
 @dataclasses.dataclass(frozen=True)

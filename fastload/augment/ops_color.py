@@ -1,30 +1,39 @@
 """The colour and pixel augmentation operations (torchvision's and timm's) as DALI graph operators.
 
-Each operation is a :class:`~fastload.augment.graphop.GraphOp` whose graph rebuilds the
-library's PIL arithmetic from DALI operators that exist on both backends (arithmetic,
-``reductions``, ``filter``, ``gaussian_blur``, ``equalize``), so it may run as a branch of a
-DALI conditional on ``cpu`` or ``gpu`` images. What each reproduces, as Pillow(-SIMD) computes it:
+Each operation is a :class:`~fastload.augment.graphop.GraphOp`: the host turns the step's
+arguments into the numbers the operator needs (a 3x3 colour matrix, a filter kernel, a
+threshold), and the graph applies them with DALI's fused per-pixel operators, one pass over the
+image where the library's PIL function makes one: ``brightness_contrast``, ``coord_transform``
+(a per-sample colour matrix), ``filter`` (a per-sample kernel), ``gaussian_blur``, ``equalize``
+and uint8 arithmetic. What each reproduces, as Pillow(-SIMD) computes it, and how close
+(measured per operation in benchmarks/results/graph-ops-color.md, bounded in the tests):
 
-* the ``ImageEnhance`` blends (Brightness, Color, Contrast, Sharpness): ``Image.blend``'s
-  float32 ``d + f * (x - d)`` truncated and clipped; ``L`` is ``(9798 r + 19235 g + 3735 b +
-  16384) >> 15``; Contrast's centre is the rounded mean of ``L``; Sharpness's degenerate is the
-  3x3 SMOOTH filter rounded, the 1-pixel border left as it is;
+* the ``ImageEnhance`` blends: Brightness ``floor(f x)`` and Contrast ``floor(c + f (x - c))``
+  (``c`` the rounded mean of ``L``) exactly but for float rounding at integers; Color blends
+  with the unrounded luma (PIL's is rounded first: a level at most); Sharpness is one 3x3 filter
+  ``f * identity + (1 - f) * SMOOTH/13``, rounded (PIL rounds the smoothed image, then truncates
+  the blend: a level or two), the 1-pixel border left as PIL leaves it;
 * the lookup tables of ``ImageOps`` (posterize, solarize, invert, autocontrast) and timm's
-  ``solarize_add``; ``equalize`` is DALI's (OpenCV's lookup table, not PIL's: measured);
-* torchvision's hue: PIL's RGB -> HSV -> RGB conversions (float32/float64 as Pillow's C), the
-  hue channel shifted modulo 256;
-* torchvision's ``GaussianBlur``: DALI's Gaussian kernel with reflect-101 borders, rounded;
-* timm's ``GaussianBlur``: PIL's three extended box passes per axis, in Pillow's integer
-  weights (``ww``, ``fw`` over ``2**24``), each pass rounded to uint8, edges repeated.
+  ``solarize_add``, exactly; ``equalize`` is DALI's (OpenCV's lookup table, not PIL's: measured);
+* ``Grayscale``: PIL's ``L`` weights, rounded;
+* ``GaussianBlur``: torchvision's through DALI's Gaussian kernel; timm's (PIL's three extended
+  box passes per axis) as six 1-D filters with Pillow's weights, each pass rounded;
+* ``ColorJitter``: each part a colour matrix applied in the drawn order, rounded and clipped
+  after each as PIL does; brightness, contrast and saturation as above; the hue as a rotation
+  in YIQ (what DALI's ``hsv`` does), not PIL's HSV round trip: the one operation whose pixels
+  differ visibly (documented in docs/dropin.md with the measured difference).
 
-The per-sample parameters ``p`` are expected on the CPU (as ``external_source`` gives them):
-some become argument inputs (``gaussian_blur``'s window and sigma).
+Operations whose arguments come from the image itself (Contrast's mean, AutoContrast's range)
+have two forms: on the CPU the statistic feeds the fused operator as an argument input; a GPU
+operator takes argument inputs only from the CPU, so there the same formula runs in DALI's
+arithmetic. :func:`statistics_form` lets the tests build either form on the CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -46,8 +55,38 @@ COLOR_NAMES: dict[str, tuple[str, ...]] = {
 #: Taps of timm's box-blur kernel: box radii up to 2 (PIL radius < 3.46; timm draws at most 2).
 BOX_TAPS = 7
 
-#: ColorJitter's blend kinds, in torchvision's part order (hue is the fourth part).
-_BRIGHT, _CONTRAST, _SAT = 0, 1, 2
+#: PIL's ``L`` weights (``(9798 R + 19235 G + 3735 B + 16384) >> 15``).
+LUMA = np.array([9798, 19235, 3735], dtype=np.float64) / 32768.0
+
+#: RGB -> YIQ (NTSC), the space of the hue rotation.
+_YIQ = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
+
+#: Floats one ColorJitter slot takes: its 3x3 matrix and the weight of the contrast centre.
+SLOT = 10
+
+#: Shift that makes DALI's rounding (half away from zero) PIL's truncation of a non-negative value.
+_TRUNC = -0.5
+
+_FORCED: list[str] = []
+
+
+@contextlib.contextmanager
+def statistics_form(form: str) -> Iterator[None]:
+    """Build graphs, while inside, with ``form`` for the operations fed by an image statistic:
+    ``"arguments"`` (the CPU's) or ``"arithmetic"`` (the GPU's)."""
+    if form not in ("arguments", "arithmetic"):
+        raise ValueError(f"form must be 'arguments' or 'arithmetic', got {form!r}")
+    _FORCED.append(form)
+    try:
+        yield
+    finally:
+        _FORCED.pop()
+
+
+def _form(img: Any) -> str:
+    if _FORCED:
+        return _FORCED[-1]
+    return "arithmetic" if getattr(img, "device", "cpu") == "gpu" else "arguments"
 
 
 def _dali() -> tuple[Any, Any, Any]:
@@ -56,20 +95,9 @@ def _dali() -> tuple[Any, Any, Any]:
     return import_dali()
 
 
-def _u8(x: Any) -> Any:
-    """A float/int node already in [0, 255] (integral) as uint8."""
-    _, fn, types = _dali()
-    return fn.cast(x, dtype=types.UINT8)
-
-
-def _f32(x: Any) -> Any:
-    _, fn, types = _dali()
-    return fn.cast(x, dtype=types.FLOAT)
-
-
-def _f64(x: Any) -> Any:
-    _, fn, types = _dali()
-    return fn.cast(x, dtype=types.FLOAT64)
+def _u8(value: int) -> Any:
+    _, _, types = _dali()
+    return types.Constant(value, dtype=types.UINT8)
 
 
 def _to_device(node: Any, img: Any) -> Any:
@@ -77,140 +105,56 @@ def _to_device(node: Any, img: Any) -> Any:
     return node.gpu() if getattr(img, "device", "cpu") == "gpu" else node
 
 
-def _luma(img: Any) -> Any:
-    """PIL's ``convert("L")`` of an RGB uint8 HWC node, as an int32 ``HW1`` node."""
+def _luma_plane(img: Any) -> Any:
+    """PIL's ``convert("L")`` (rounded) of a uint8 HWC node: uint8 ``HW1``."""
     _, fn, types = _dali()
-    x = fn.cast(img, dtype=types.INT32)
-    s = x[:, :, 0:1] * 9798 + x[:, :, 1:2] * 19235 + x[:, :, 2:3] * 3735 + 16384
-    return s // 32768
+    return fn.coord_transform(img, M=[float(w) for w in LUMA], dtype=types.UINT8)
 
 
-def _blend(degenerate: Any, img: Any, factor: Any) -> Any:
-    """PIL's ``Image.blend(degenerate, img, factor)``: float32 ``d + f * (x - d)``, truncated, clipped; float32."""
-    dali, _, _ = _dali()
-    d = _f32(degenerate)
-    t = d + factor * (_f32(img) - d)
-    return dali.math.clamp(dali.math.floor(t), 0.0, 255.0)
-
-
-def _contrast_centre(img: Any) -> Any:
-    """``int(mean(L) + 0.5)`` per sample, exactly (integer sums), as an int64 scalar node."""
-    _, fn, types = _dali()
-    lum = _luma(img)
-    total = fn.reductions.sum(lum, dtype=types.INT64)
-    count = fn.reductions.sum(fn.cast(lum >= 0, dtype=types.INT64), dtype=types.INT64)
-    return (total * 2 + count) // (count * 2)
-
-
-def _smooth(img: Any) -> Any:
-    """PIL's ``filter(SMOOTH)`` (kernel 1,1,1 / 1,5,1 / 1,1,1 over 13, rounded); the border row and column kept."""
-    _, fn, types = _dali()
-    k = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], dtype=np.float32)
-    sums = fn.filter(img, _to_device(types.Constant(k), img), dtype=types.FLOAT, border="constant")
-    ones = fn.filter(_f32(img) * 0.0 + 1.0, _to_device(types.Constant(np.ones((3, 3), np.float32)), img),
-                     dtype=types.FLOAT, border="constant")  # fmt: skip
-    dali = _dali()[0]
-    smooth = dali.math.floor(sums / 13.0 + 0.5)
-    inner = ones > 8.5
-    return inner * smooth + (inner ^ True) * _f32(img)
-
-
-def _enhance(kind: str) -> Callable[[Any, Any], Any]:
-    """The graph of one ``ImageEnhance`` class with the factor in ``p[0]``."""
-
-    def graph(img: Any, p: Any) -> Any:
-        f = p[0]
-        if kind == "Brightness":
-            deg = _f32(img) * 0.0
-        elif kind == "Color":
-            deg = _luma(img)
-        elif kind == "Contrast":
-            deg = _contrast_centre(img)
-        else:
-            deg = _smooth(img)
-        return _u8(_blend(deg, img, f))
-
-    return graph
-
-
-def _lut_graph(kind: str) -> Callable[[Any, Any], Any]:
-    """Posterize (mask in ``p[0]``), Solarize (integer threshold), SolarizeAdd (add), Invert."""
-    _, fn, types = _dali()
-
-    def graph(img: Any, p: Any) -> Any:
-        if kind == "Posterize":
-            return img & fn.cast(p[0], dtype=types.UINT8)
-        if kind == "Invert":
-            return types.Constant(255, dtype=types.UINT8) - img
-        x = fn.cast(img, dtype=types.INT32)
-        if kind == "Solarize":
-            return _u8(x ^ ((x >= p[0]) * 255))
-        dali = _dali()[0]
-        return _u8(dali.math.min(x + (x < 128) * fn.cast(p[0], dtype=types.INT32), 255))
-
-    return graph
-
-
-def _autocontrast(img: Any, p: Any) -> Any:
-    """``ImageOps.autocontrast`` (cutoff 0) per channel: ``int(x * scale + offset)`` in float64, or identity."""
-    dali, fn, _ = _dali()
-    lo = _f64(fn.reductions.min(img, axis_names="HW", keep_dims=True))
-    hi = _f64(fn.reductions.max(img, axis_names="HW", keep_dims=True))
-    spread = hi - lo
-    flat = spread < 0.5
-    scale = 255.0 / (spread + flat)
-    offset = -(lo * scale)
-    v = dali.math.clamp(dali.math.floor(_f64(img) * scale + offset), 0.0, 255.0)
-    return _u8(flat * _f64(img) + (flat ^ True) * v)
-
-
-def _equalize(img: Any, p: Any) -> Any:
-    """DALI's histogram equalisation (OpenCV's lookup table; PIL's differs by a level here and there: measured)."""
-    _, fn, _ = _dali()
-    return fn.equalize(img)
-
-
-def _grayscale(img: Any, p: Any) -> Any:
-    """PIL's ``L`` repeated on three channels."""
-    _, fn, _ = _dali()
-    lum = _luma(img)
-    return _u8(fn.cat(lum, lum, lum, axis=2))
-
-
-def _gaussian_tv(img: Any, p: Any) -> Any:
-    """torchvision's ``gaussian_blur`` (kernel ``(kx, ky)``, one sigma, reflect borders), rounded."""
+def _centre(img: Any) -> Any:
+    """ImageEnhance.Contrast's centre: ``int(mean(L) + 0.5)``, a float scalar node on ``img``'s device."""
     dali, fn, types = _dali()
-    window = fn.cast(p[0:2], dtype=types.INT32)  # (ky, kx): DALI's axes in layout order
-    sigma = p[2:3]
-    out = fn.gaussian_blur(img, window_size=window, sigma=fn.cat(sigma, sigma), dtype=types.FLOAT)
-    return _u8(dali.math.clamp(dali.math.floor(out + 0.5), 0.0, 255.0))
+    mean = fn.reductions.mean(_luma_plane(img), dtype=types.FLOAT)
+    return dali.math.floor(mean + 0.5)
 
 
-def _box_pass(x: Any, kernel: Any, ww: Any, fw: Any) -> Any:
-    """One of PIL's extended box passes: ``(ww * inner + fw * outer + 2**23) >> 24``, exactly (int64)."""
-    _, fn, types = _dali()
-    s = fn.filter(x, kernel, dtype=types.FLOAT, border="clamp")  # 1024 * inner + outer, exact in float32
-    si = fn.cast(s, dtype=types.INT64)
-    inner = si // 1024
-    outer = si - inner * 1024
-    return _u8((inner * ww + outer * fw + 8388608) // 16777216)
+def _affine(img: Any, matrix: Any, weight: Any, centre: Any) -> Any:
+    """``floor(matrix @ x + weight * centre)`` per pixel, clipped to uint8 (``matrix`` [3, 3], ``weight`` a scalar:
+    CPU nodes; ``centre`` a scalar node on ``img``'s device)."""
+    dali, fn, types = _dali()
+    if _form(img) == "arguments":
+        shift = weight * centre + _TRUNC
+        return fn.coord_transform(img, M=matrix, T=shift, dtype=types.UINT8)
+    mixed = fn.coord_transform(img, M=matrix, dtype=types.FLOAT)
+    v = dali.math.floor(mixed + _to_device(weight, img) * centre)
+    return fn.cast(dali.math.clamp(v, 0.0, 255.0), dtype=types.UINT8)
 
 
-def _gaussian_timm(img: Any, p: Any) -> Any:
-    """PIL's ``GaussianBlur(radius)``: three box passes along the rows, then three down the columns (Pillow-SIMD's)."""
-    _, fn, types = _dali()
-    half = BOX_TAPS // 2
-    dist = types.Constant(np.abs(np.arange(BOX_TAPS) - half).astype(np.float32))
-    r = p[0]
-    taps = _f32((dist < r + 0.5) * 1024 + (dist > r + 0.5) * (dist < r + 1.5))
-    ww = fn.cast(p[1], dtype=types.INT64)
-    fw = fn.cast(p[2], dtype=types.INT64)
-    col = _to_device(fn.reshape(taps, shape=[BOX_TAPS, 1]), img)
-    row = _to_device(fn.reshape(taps, shape=[1, BOX_TAPS]), img)
-    x = img
-    for kernel in (row, row, row, col, col, col):
-        x = _box_pass(x, kernel, ww, fw)
-    return x
+def _matrix(p: Any, at: int = 0) -> Any:
+    """The 3x3 colour matrix fed in ``p[at:at + 9]``."""
+    _, fn, _ = _dali()
+    return fn.reshape(p[at : at + 9], shape=[3, 3])
+
+
+# ---- the host's side: what each operation is fed
+def color_matrix(factor: float) -> np.ndarray:
+    """ImageEnhance.Color's blend with ``L`` as a matrix: ``f I + (1 - f) [L weights; x3]``."""
+    return factor * np.eye(3) + (1.0 - factor) * np.tile(LUMA, (3, 1))
+
+
+def hue_matrix(hue: float) -> np.ndarray:
+    """A hue turn of ``hue`` (torchvision's factor, a fraction of a full turn) as a rotation of YIQ's chroma."""
+    t = -2.0 * math.pi * hue  # PIL's hue turns the other way round YIQ's chroma plane (measured: the closer sign)
+    rot = np.array([[1.0, 0.0, 0.0], [0.0, math.cos(t), -math.sin(t)], [0.0, math.sin(t), math.cos(t)]])
+    return np.linalg.inv(_YIQ) @ rot @ _YIQ
+
+
+def sharpness_kernel(factor: float) -> np.ndarray:
+    """ImageEnhance.Sharpness as one 3x3 kernel: ``f identity + (1 - f) SMOOTH / 13``."""
+    smooth = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], dtype=np.float64) / 13.0
+    delta = np.zeros((3, 3))
+    delta[1, 1] = 1.0
+    return factor * delta + (1.0 - factor) * smooth
 
 
 def box_weights(radius: float) -> tuple[float, float, float]:
@@ -233,96 +177,135 @@ def box_weights(radius: float) -> tuple[float, float, float]:
     return float(r), float(ww), float(fw)
 
 
-def _jitter_host(args: tuple) -> tuple[float, ...]:
-    """ColorJitter's (order, factors) as three blend slots (kind, factor) in order, the hue's place among
-    them and its shift (``-1``: no hue)."""
-    slots: list[tuple[float, float]] = []
-    hue_at, shift = 3.0, -1.0
+def box_taps(radius: float) -> np.ndarray:
+    """One pass of PIL's box blur of ``radius`` as :data:`BOX_TAPS` taps (inner ``ww``, the two outer ``fw``, /2**24)."""
+    r, ww, fw = box_weights(radius)
+    dist = np.abs(np.arange(BOX_TAPS) - BOX_TAPS // 2)
+    return (np.where(dist <= r, ww, 0.0) + np.where(dist == r + 1, fw, 0.0)) / float(1 << 24)
+
+
+def jitter_slots(args: tuple) -> tuple[float, ...]:
+    """ColorJitter's (order, factors) as four slots in the drawn order, each a 3x3 matrix and the weight of the
+    contrast centre (:data:`SLOT` floats); a part that is off (NaN) is the identity."""
+    out: list[float] = []
     for k in args[:4]:
-        f = float(args[4 + int(k)])
-        if int(k) == 3:
-            if not math.isnan(f):
-                hue_at, shift = float(len(slots)), float(int(np.int32(f * 255)) % 256)
-            continue
-        slots.append((float(int(k)), 1.0 if math.isnan(f) else f))
-    flat = [v for s in slots for v in s]
-    return tuple(flat) + (hue_at, shift)
+        kind, f = int(k), float(args[4 + int(k)])
+        weight, m = 0.0, np.eye(3)
+        if not math.isnan(f):
+            if kind == 0:
+                m = f * np.eye(3)
+            elif kind == 1:
+                m, weight = f * np.eye(3), 1.0 - f
+            elif kind == 2:
+                m = color_matrix(f)
+            else:
+                m = hue_matrix(f)
+        out += [float(v) for v in m.ravel()] + [weight]
+    return tuple(out)
 
 
-def _jitter_slot(img: Any, kind: Any, factor: Any) -> Any:
-    """One brightness/contrast/saturation blend chosen per sample by ``kind`` (factor 1: the image as is)."""
-    deg = (kind == _CONTRAST) * _contrast_centre(img) + (kind == _SAT) * _luma(img)
-    return _u8(_blend(deg, img, factor))
+# ---- the graph's side
+def _brightness(img: Any, p: Any) -> Any:
+    _, fn, _ = _dali()
+    return fn.brightness_contrast(img, brightness=p[0], brightness_shift=_TRUNC / 255.0)
 
 
-def _rgb_to_hsv(img: Any) -> tuple[Any, Any, Any]:
-    """Pillow's ``rgb2hsv`` (float32 ratios, float64 hue) of a uint8 HWC node: float64 ``HW`` planes."""
-    dali, _, _ = _dali()
-    r, g, b = (_f64(img[:, :, c]) for c in range(3))
-    mx = dali.math.max(r, dali.math.max(g, b))
-    mn = dali.math.min(r, dali.math.min(g, b))
-    same = mx == mn
-    cr = _f32(mx - mn + same)
-    s = _f32(mx - mn) / _f32(mx + (mx < 0.5))
-    rc, gc, bc = (_f32(mx - c) / cr for c in (r, g, b))
-    is_r = r == mx
-    is_g = (g == mx) & (is_r ^ True)
-    is_b = (is_r | is_g) ^ True
-    h = is_r * _f64(bc - gc) + is_g * _f32(2.0 + _f64(rc) - _f64(bc)) + is_b * _f32(4.0 + _f64(gc) - _f64(rc))
-    y = _f64(h) / 6.0 + 1.0
-    hue = _f64(_f32(y - dali.math.floor(y)))
-    uh = dali.math.clamp(dali.math.floor(hue * 255.0), 0.0, 255.0) * (same ^ True)
-    us = dali.math.clamp(dali.math.floor(_f64(s) * 255.0), 0.0, 255.0) * (same ^ True)
-    return uh, us, mx
+def _contrast(img: Any, p: Any) -> Any:
+    dali, fn, types = _dali()
+    f, c = p[0], _centre(img)
+    if _form(img) == "arguments":
+        return fn.brightness_contrast(img, contrast=f, contrast_center=c, brightness_shift=_TRUNC / 255.0)
+    v = dali.math.floor(c + _to_device(f, img) * (fn.cast(img, dtype=types.FLOAT) - c))
+    return fn.cast(dali.math.clamp(v, 0.0, 255.0), dtype=types.UINT8)
 
 
-def _cround(v: Any) -> Any:
-    """C's ``round`` (half away from zero) of a non-negative float64 node, exactly."""
-    dali, _, _ = _dali()
-    fl = dali.math.floor(v)
-    return fl + ((v - fl) >= 0.5)
+def _color(img: Any, p: Any) -> Any:
+    _, fn, types = _dali()
+    return fn.coord_transform(img, M=_matrix(p), T=_TRUNC, dtype=types.UINT8)
 
 
-def _hsv_to_rgb(h: Any, s: Any, v: Any) -> Any:
-    """Pillow's ``hsv2rgb`` of float64 ``HW`` planes (integral values): a uint8 HWC node."""
-    dali, fn, _ = _dali()
-    i = dali.math.floor(h * 6.0 / 255.0)
-    f = _f32(h * 6.0 / 255.0 - i)
-    fs = _f32(s / 255.0)
-    pp = _cround(v * (1.0 - _f64(fs)))
-    qq = _cround(v * (1.0 - _f64(fs * f)))
-    tt = _cround(v * (1.0 - _f64(fs) * (1.0 - _f64(f))))
-    sec = i - (i > 5.5) * 6.0
-    m = [sec == k for k in range(6)]
-    red = (m[0] | m[5]) * v + m[1] * qq + (m[2] | m[3]) * pp + m[4] * tt
-    green = m[0] * tt + (m[1] | m[2]) * v + m[3] * qq + (m[4] | m[5]) * pp
-    blue = (m[0] | m[1]) * pp + m[2] * tt + (m[3] | m[4]) * v + m[5] * qq
-    grey = s < 0.5
-    planes = [grey * v + (grey ^ True) * c for c in (red, green, blue)]
-    return _u8(fn.stack(*planes, axis=2, axis_name="C"))
+def _sharpness(img: Any, p: Any) -> Any:
+    """The fed 3x3 kernel over the inside of the image; the 1-pixel border as it was (PIL's SMOOTH keeps it)."""
+    _, fn, types = _dali()
+    kernel = _to_device(_matrix(p), img)
+    inner = fn.filter(img, kernel, mode="valid")
+    middle = fn.cat(img[1:-1, 0:1], inner, img[1:-1, -1:], axis=1)
+    return fn.cat(img[0:1], middle, img[-1:], axis=0)
 
 
-def _hue(img: Any, shift: Any) -> Any:
-    """torchvision's PIL ``adjust_hue``: HSV, hue + ``shift`` modulo 256, back; ``shift < 0``: the image."""
-    h, s, v = _rgb_to_hsv(img)
-    on = shift > -0.5
-    hs = h + on * _f64(shift)
-    hs = hs - (hs > 255.5) * 256.0
-    moved = _hsv_to_rgb(hs, s, v)
-    return _u8(on * _f64(moved) + (on ^ True) * _f64(img))
+def _posterize(img: Any, p: Any) -> Any:
+    _, fn, types = _dali()
+    return img & fn.cast(p[0], dtype=types.UINT8)
+
+
+def _solarize(img: Any, p: Any) -> Any:
+    """``x ^ 255`` where ``x >= threshold`` (the integer threshold fed; 256: nothing)."""
+    return img ^ ((img >= p[0]) * _u8(255))
+
+
+def _solarize_add(img: Any, p: Any) -> Any:
+    """timm's ``min(x + add, 255)`` below 128: a uint8 sum, its wrap-around clipped back to 255."""
+    _, fn, types = _dali()
+    s = img + (img < 128) * fn.cast(p[0], dtype=types.UINT8)
+    return s | ((s < img) * _u8(255))
+
+
+def _invert(img: Any, p: Any) -> Any:
+    return _u8(255) - img
+
+
+def _equalize(img: Any, p: Any) -> Any:
+    """DALI's histogram equalisation (OpenCV's lookup table; PIL's differs by a level here and there: measured)."""
+    _, fn, _ = _dali()
+    return fn.equalize(img)
+
+
+def _autocontrast(img: Any, p: Any) -> Any:
+    """``ImageOps.autocontrast`` (cutoff 0) per channel: ``int(x * scale - lo * scale)``; a flat channel as it is."""
+    dali, fn, types = _dali()
+    lo = fn.cast(fn.reductions.min(img, axis_names="HW"), dtype=types.FLOAT)
+    hi = fn.cast(fn.reductions.max(img, axis_names="HW"), dtype=types.FLOAT)
+    flat = fn.cast((hi - lo) < 0.5, dtype=types.FLOAT)
+    scale = (255.0 / (hi - lo + flat)) * (1.0 - flat) + flat
+    offset = (0.0 - lo * scale) * (1.0 - flat)
+    if _form(img) == "arguments":
+        diag = fn.reshape(scale, shape=[1, 3]) * types.Constant(np.eye(3, dtype=np.float32))
+        return fn.coord_transform(img, M=diag, T=offset + _TRUNC, dtype=types.UINT8)
+    v = dali.math.floor(fn.cast(img, dtype=types.FLOAT) * scale + offset)
+    return fn.cast(dali.math.clamp(v, 0.0, 255.0), dtype=types.UINT8)
+
+
+def _grayscale(img: Any, p: Any) -> Any:
+    """PIL's ``L`` repeated on three channels."""
+    _, fn, types = _dali()
+    return fn.coord_transform(img, M=[float(w) for w in np.tile(LUMA, 3)], dtype=types.UINT8)
+
+
+def _gaussian_tv(img: Any, p: Any) -> Any:
+    """torchvision's ``gaussian_blur`` (kernel ``(kx, ky)``, one sigma, reflect borders), rounded."""
+    _, fn, types = _dali()
+    window = fn.cast(p[0:2], dtype=types.INT32)  # (ky, kx): DALI's axes in layout order
+    sigma = p[2:3]
+    return fn.gaussian_blur(img, window_size=window, sigma=fn.cat(sigma, sigma))
+
+
+def _gaussian_timm(img: Any, p: Any) -> Any:
+    """PIL's ``GaussianBlur(radius)``: three box passes along the rows, then three down the columns, each rounded."""
+    _, fn, _ = _dali()
+    row = _to_device(fn.reshape(p[0:BOX_TAPS], shape=[1, BOX_TAPS]), img)
+    col = _to_device(fn.reshape(p[0:BOX_TAPS], shape=[BOX_TAPS, 1]), img)
+    x = img
+    for kernel in (row, row, row, col, col, col):
+        x = fn.filter(x, kernel, border="clamp")
+    return x
 
 
 def _jitter(img: Any, p: Any) -> Any:
-    """ColorJitter: the blends before the hue, the hue, the blends after it (a blend out of place: factor 1)."""
-    hue_at = p[6]
+    """ColorJitter: its four slots in order, each rounded and clipped (a slot that is off: the identity)."""
     x = img
-    for after in (False, True):
-        for j in range(3):
-            here = (hue_at <= j) if after else (hue_at > j)
-            factor = here * p[2 * j + 1] + (here ^ True) * 1.0
-            x = _jitter_slot(x, p[2 * j], _f32(factor))
-        if not after:
-            x = _hue(x, p[7])
+    for j in range(4):
+        at = SLOT * j
+        x = _affine(x, _matrix(p, at), p[at + 9], _centre(x))
     return x
 
 
@@ -332,40 +315,59 @@ def _posterize_mask(bits: float) -> float:
     return float(256 - (1 << (8 - b)))
 
 
-def _tv_op(name: str) -> tuple[Callable[[tuple], Any], Callable[[Any, Any], Any]] | None:
+def _threshold(value: float) -> float:
+    """Solarize's ``i < threshold`` keeps ``i``: the integer threshold ``ceil(threshold)`` in [0, 256]."""
+    return float(min(256, max(0, math.ceil(float(value)))))
+
+
+_Made = tuple[Callable[[tuple], Any], Callable[[Any, Any], Any]]
+
+_ENHANCE: dict[str, Callable[[float], tuple[float, ...]]] = {
+    "Brightness": lambda f: (f,),
+    "Contrast": lambda f: (f,),
+    "Color": lambda f: tuple(color_matrix(f).ravel()),
+    "Sharpness": lambda f: tuple(sharpness_kernel(f).ravel()),
+}
+_ENHANCE_GRAPH = {"Brightness": _brightness, "Contrast": _contrast, "Color": _color, "Sharpness": _sharpness}
+_PLAIN = {"AutoContrast": _autocontrast, "Equalize": _equalize, "Invert": _invert, "Grayscale": _grayscale}
+
+
+def _enhance(kind: str, factor_of: Callable[[tuple], float]) -> _Made:
+    make = _ENHANCE[kind]
+    return (lambda a: make(factor_of(a))), _ENHANCE_GRAPH[kind]
+
+
+def _tv_op(name: str) -> _Made | None:
     """torchvision's ``(host, graph)`` of ``name``."""
-    if name in ("Brightness", "Color", "Contrast", "Sharpness"):
-        return (lambda a: (1.0 + float(a[0]),)), _enhance(name)
+    if name in _ENHANCE:
+        return _enhance(name, lambda a: 1.0 + float(a[0]))
     if name == "Posterize":
-        return (lambda a: (_posterize_mask(int(a[0])),)), _lut_graph("Posterize")
-    if name == "Solarize":  # i < threshold keeps i: the integer threshold ceil(threshold)
-        return (lambda a: (float(min(256, max(0, math.ceil(float(a[0]))))),)), _lut_graph("Solarize")
+        return (lambda a: (_posterize_mask(int(a[0])),)), _posterize
+    if name == "Solarize":
+        return (lambda a: (_threshold(a[0]),)), _solarize
     if name == "GaussianBlur":
         return (lambda a: (float(a[1]), float(a[0]), float(np.float32(a[2])))), _gaussian_tv
     if name == "ColorJitter":
-        return _jitter_host, _jitter
-    plain = {"AutoContrast": _autocontrast, "Equalize": _equalize, "Invert": _lut_graph("Invert"),
-             "Grayscale": _grayscale}  # fmt: skip
-    return ((lambda a: ()), plain[name]) if name in plain else None
+        return jitter_slots, _jitter
+    return ((lambda a: ()), _PLAIN[name]) if name in _PLAIN else None
 
 
-def _timm_op(name: str) -> tuple[Callable[[tuple], Any], Callable[[Any, Any], Any]] | None:
+def _timm_op(name: str) -> _Made | None:
     """timm's ``(host, graph)`` of ``name``."""
     base = name[: -len("Increasing")] if name.endswith("Increasing") else name
-    if base in ("Brightness", "Color", "Contrast", "Sharpness"):
-        return (lambda a: (float(a[0]),)), _enhance(base)
+    if base in _ENHANCE:
+        return _enhance(base, lambda a: float(a[0]))
     if name == "Desaturate":
-        return (lambda a: (min(1.0, max(0.0, 1.0 - float(a[0]))),)), _enhance("Color")
+        return _enhance("Color", lambda a: min(1.0, max(0.0, 1.0 - float(a[0]))))
     if name.startswith("Posterize"):
-        return (lambda a: (_posterize_mask(int(a[0])),)), _lut_graph("Posterize")
+        return (lambda a: (_posterize_mask(int(a[0])),)), _posterize
     if base == "Solarize":
-        return (lambda a: (float(min(256, max(0, math.ceil(float(a[0]))))),)), _lut_graph("Solarize")
+        return (lambda a: (_threshold(a[0]),)), _solarize
     if name == "SolarizeAdd":
-        return (lambda a: (float(int(a[0])),)), _lut_graph("SolarizeAdd")
+        return (lambda a: (float(min(255, max(0, int(a[0])))),)), _solarize_add
     if name == "GaussianBlur":
-        return (lambda a: box_weights(float(a[0]))), _gaussian_timm
-    plain = {"AutoContrast": _autocontrast, "Equalize": _equalize, "Invert": _lut_graph("Invert")}
-    return ((lambda a: ()), plain[name]) if name in plain else None
+        return (lambda a: tuple(box_taps(float(a[0])))), _gaussian_timm
+    return ((lambda a: ()), _PLAIN[name]) if name in _PLAIN and name != "Grayscale" else None
 
 
 def color_op(library: str, name: str, interpolation: str, fill: tuple[int, int, int]) -> GraphOp | None:

@@ -16,7 +16,7 @@ Three details make the result PIL's and not DALI's own:
   ``fill_value``, exact), the image is warped with clamped borders and a one-channel zero image is
   warped at nearest with fill 1: that mask picks the fill, per channel.
 * PIL's bilinear and bicubic truncate to uint8; DALI rounds. So interpolated warps come out as float32
-  and are floored before the cast.
+  and are floored before the cast; the fill is then laid in uint8.
 * PIL's nearest affine with a shear or rotation part steps in 16.16 fixed point: the matrix is rounded
   the same way, or source points on whole pixels (a rotation's centre column) land one pixel off.
 
@@ -149,18 +149,15 @@ def warp_like_pil(img: Any, mt: Any, interpolation: str, fill: Sequence[int]) ->
     fill = tuple(int(v) for v in fill)
     if interpolation == "nearest" and len(set(fill)) == 1:
         return fn.warp_affine(img, matrix=mt, fill_value=float(fill[0]), interp_type=types.INTERP_NN, inverse_map=True)
-    nearest = interpolation == "nearest"
-    warped = fn.warp_affine(
-        img, matrix=mt, interp_type=types.INTERP_NN if nearest else types.INTERP_LINEAR, inverse_map=True,
-        dtype=types.UINT8 if nearest else types.FLOAT,
-    )  # fmt: skip
-    if not nearest:  # PIL truncates its interpolated value (no rounding); the edge clamp keeps it in [0, 255]
-        warped = dali.math.floor(warped)
-    zero = img[:, :, 0:1] * types.Constant(0, dtype=types.UINT8)
-    outside = fn.warp_affine(zero, matrix=mt, fill_value=1.0, interp_type=types.INTERP_NN, inverse_map=True)
-    colour = types.Constant([float(v) for v in fill], dtype=types.FLOAT)
-    inside = types.Constant(1, dtype=types.UINT8) - outside
-    return fn.cast(warped * inside + colour * outside, dtype=types.UINT8)
+    if interpolation == "nearest":
+        warped = fn.warp_affine(img, matrix=mt, interp_type=types.INTERP_NN, inverse_map=True)  # borders clamped
+    else:  # PIL truncates the interpolated value: float out, floored (the edge clamp keeps it in [0, 255])
+        warped = fn.warp_affine(img, matrix=mt, interp_type=types.INTERP_LINEAR, inverse_map=True, dtype=types.FLOAT)
+        warped = fn.cast(dali.math.floor(warped), dtype=types.UINT8)
+    blank = fn.zeros_like(img[:, :, 0:1])
+    outside = fn.warp_affine(blank, matrix=mt, fill_value=1.0, interp_type=types.INTERP_NN, inverse_map=True)
+    colour = types.Constant(np.array(fill, dtype=np.uint8))
+    return warped * (types.Constant(1, dtype=types.UINT8) - outside) + colour * outside
 
 
 def geometry_op(library: str, name: str, interpolation: str, fill: tuple[int, int, int]) -> GraphOp | None:

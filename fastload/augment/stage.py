@@ -15,6 +15,7 @@ no image is touched by Python.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Sequence
 
@@ -22,6 +23,16 @@ import numpy as np
 
 from .draws import color_params, erase_boxes, noise_seeds, trivial_params, TRIVIAL_OPS
 from .graphop import ARGS, GraphOp, identity
+
+log = logging.getLogger(__name__)
+_HUE_SAID: list[bool] = []
+
+#: What a loader with ColorJitter's hue logs once per process (the one operation whose pixels differ visibly).
+HUE_NOTE = (
+    "ColorJitter's hue is turned in YIQ in the graph (as DALI's hsv does), not by PIL's HSV round trip: the law "
+    "of the hue factor is torchvision's, the pixels differ (about 6-12 levels on average on photos at hue 0.1; "
+    "docs/dropin.md)"
+)
 
 
 def graph_op(library: str, name: str, interpolation: str, fill: tuple[int, int, int]) -> GraphOp | None:
@@ -60,6 +71,15 @@ def policy_names(policy: Any) -> set[str]:
     return {op.name for sp in policy.sub_policies for op in sp}
 
 
+def _turns_hue(augment: Any) -> bool:
+    """Whether any ColorJitter of ``augment`` (its own, or one in a chain policy) has a hue part."""
+    jitters = [augment.jitter] if augment.jitter is not None else []
+    pol = augment.policy
+    if pol is not None and pol.kind == "chain":
+        jitters += [op.jitter for st in pol.stages for g in st.groups for op in g if op.jitter is not None]
+    return any(j.parts[3] is not None for j in jitters)
+
+
 class GraphStage:
     """What a loader's settings do to each training crop, as a table of graph operations and its feed.
 
@@ -94,6 +114,9 @@ class GraphStage:
         if a.grayscale > 0:
             self._add("torchvision", "Grayscale", "bilinear", (0, 0, 0))
             self.steps += 1
+        if _turns_hue(a) and not _HUE_SAID:
+            _HUE_SAID.append(True)
+            log.warning(HUE_NOTE)
 
     def _add(self, library: str, name: str, interp: str, fill: tuple[int, int, int]) -> int:
         key = (library, name, interp)
