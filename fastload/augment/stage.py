@@ -219,9 +219,11 @@ class GraphStage:
     def erase(self, img: Any, inputs: Sequence[Any], *, layout: str, value: Sequence[float], dtype: Any) -> Any:
         """The erasing rectangles on the normalised ``img`` (in ``layout``, of DALI type ``dtype``); ``inputs``: all of
         :meth:`feed`'s, as graph nodes on the CPU."""
+        from nvidia.dali.auto_aug.core import select
+
         from ..pipeline import import_dali
 
-        _, fn, _ = import_dali()
+        _, fn, types = import_dali()
         er = self.erasing
         if er is None:
             return img
@@ -234,12 +236,26 @@ class GraphStage:
                 img = fn.erase(img, anchor=anchor, shape=shape, axis_names="HW", fill_value=list(value))
                 continue
             patch = inputs[per * b + 2]
-            patch = patch.gpu() if img.device == "gpu" else patch
-            canvas = fn.slice(patch, -anchor, hw, axis_names="HW", normalized_anchor=False,
-                              normalized_shape=False, out_of_bounds_policy="pad", fill_values=0.0)  # fmt: skip
-            keep = fn.erase(img * 0.0 + 1.0, anchor=anchor, shape=shape, axis_names="HW", fill_value=0.0)
-            img = fn.cast(img * keep + canvas, dtype=dtype)
+            erased = fn.cast(shape[0] > 0.5, dtype=types.INT32)
+            img = select([_kept, _pasted], erased, img, anchor, shape, patch, hw=hw, dtype=dtype)
         return img
+
+
+def _kept(img: Any, anchor: Any, shape: Any, patch: Any, *, hw: list, dtype: Any) -> Any:
+    """A sample with no rectangle in this slot: as it is."""
+    return img
+
+
+def _pasted(img: Any, anchor: Any, shape: Any, patch: Any, *, hw: list, dtype: Any) -> Any:
+    """The sample's noise ``patch`` in place of its rectangle: the rectangle zeroed, the patch padded to the image added."""
+    from ..pipeline import import_dali
+
+    _, fn, _ = import_dali()
+    patch = patch.gpu() if img.device == "gpu" else patch
+    canvas = fn.slice(patch, -anchor, hw, axis_names="HW", normalized_anchor=False, normalized_shape=False,
+                      out_of_bounds_policy="pad", fill_values=0.0)  # fmt: skip
+    zeroed = fn.erase(img, anchor=anchor, shape=shape, axis_names="HW", fill_value=0.0)
+    return fn.cast(zeroed + canvas, dtype=dtype)
 
 
 def select_steps(table: Sequence[GraphOp], img: Any, idx: Any, par: Any, steps: int) -> Any:
