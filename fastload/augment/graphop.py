@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-#: Floats each sample receives per step (ColorJitter's four slots: a 3x3 colour matrix and a contrast weight each).
+#: Floats each sample receives per step (ColorJitter's four slots: a kind and a 3x3 colour matrix each).
 ARGS = 40
 
 
@@ -73,7 +73,7 @@ def apply_once(op: GraphOp, images: Sequence[np.ndarray], args: Sequence[tuple],
     if len(imgs) != len(params):
         raise ValueError(f"{len(imgs)} images but {len(params)} argument tuples")
 
-    @dali.pipeline_def(batch_size=len(imgs), num_threads=num_threads, device_id=None, exec_dynamic=True)
+    @dali.pipeline_def(batch_size=len(imgs), num_threads=num_threads, device_id=None, exec_dynamic=True, enable_conditionals=True)
     def pipe():
         img = fn.external_source(source=lambda: imgs, batch=True, layout="HWC", dtype=types.UINT8, ndim=3)
         p = fn.external_source(source=lambda: params, batch=True, dtype=types.FLOAT, ndim=1)

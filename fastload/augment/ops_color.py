@@ -15,13 +15,14 @@ and uint8 arithmetic. What each reproduces, as Pillow(-SIMD) computes it, and ho
   the blend: a level or two), the 1-pixel border left as PIL leaves it;
 * the lookup tables of ``ImageOps`` (posterize, solarize, invert, autocontrast) and timm's
   ``solarize_add``, exactly; ``equalize`` is DALI's (OpenCV's lookup table, not PIL's: measured);
-* ``Grayscale``: PIL's ``L`` weights, rounded;
+* ``Grayscale``: DALI's RGB -> GRAY, which is PIL's ``L`` on all 2**24 colours;
 * ``GaussianBlur``: torchvision's through DALI's Gaussian kernel; timm's (PIL's three extended
   box passes per axis) as six 1-D filters with Pillow's weights, each pass rounded;
-* ``ColorJitter``: each part a colour matrix applied in the drawn order, rounded and clipped
-  after each as PIL does; brightness, contrast and saturation as above; the hue as a rotation
-  in YIQ (what DALI's ``hsv`` does), not PIL's HSV round trip: the one operation whose pixels
-  differ visibly (documented in docs/dropin.md with the measured difference).
+* ``ColorJitter``: four slots in the drawn order, each sample's slot chosen by its kind
+  (a nested ``select``: nothing, brightness's scale, contrast's, a colour matrix for
+  saturation or hue), rounded and clipped after each as PIL does; brightness, contrast and
+  saturation as above; the hue as a rotation in YIQ (what DALI's ``hsv`` does), not PIL's HSV
+  round trip: the one operation whose pixels differ visibly (docs/dropin.md, measured).
 
 Operations whose arguments come from the image itself (Contrast's mean, AutoContrast's range)
 have two forms: on the CPU the statistic feeds the fused operator as an argument input; a GPU
@@ -61,8 +62,11 @@ LUMA = np.array([9798, 19235, 3735], dtype=np.float64) / 32768.0
 #: RGB -> YIQ (NTSC), the space of the hue rotation.
 _YIQ = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
 
-#: Floats one ColorJitter slot takes: its 3x3 matrix and the weight of the contrast centre.
+#: Floats one ColorJitter slot takes: its kind (:data:`SLOT_KINDS`), then a 3x3 matrix, or the factor first.
 SLOT = 10
+
+#: What a ColorJitter slot does: nothing, a scale (brightness), a scale about the centre (contrast), a colour matrix.
+SLOT_KINDS = ("identity", "scale", "contrast", "matrix")
 
 #: Shift that makes DALI's rounding (half away from zero) PIL's truncation of a non-negative value.
 _TRUNC = -0.5
@@ -106,9 +110,9 @@ def _to_device(node: Any, img: Any) -> Any:
 
 
 def _luma_plane(img: Any) -> Any:
-    """PIL's ``convert("L")`` (rounded) of a uint8 HWC node: uint8 ``HW1``."""
+    """PIL's ``convert("L")`` of a uint8 HWC node, uint8 ``HW1`` (DALI's RGB -> GRAY: PIL's on all 2**24 colours)."""
     _, fn, types = _dali()
-    return fn.coord_transform(img, M=[float(w) for w in LUMA], dtype=types.UINT8)
+    return fn.color_space_conversion(img, image_type=types.RGB, output_type=types.GRAY)
 
 
 def _centre(img: Any) -> Any:
@@ -116,18 +120,6 @@ def _centre(img: Any) -> Any:
     dali, fn, types = _dali()
     mean = fn.reductions.mean(_luma_plane(img), dtype=types.FLOAT)
     return dali.math.floor(mean + 0.5)
-
-
-def _affine(img: Any, matrix: Any, weight: Any, centre: Any) -> Any:
-    """``floor(matrix @ x + weight * centre)`` per pixel, clipped to uint8 (``matrix`` [3, 3], ``weight`` a scalar:
-    CPU nodes; ``centre`` a scalar node on ``img``'s device)."""
-    dali, fn, types = _dali()
-    if _form(img) == "arguments":
-        shift = weight * centre + _TRUNC
-        return fn.coord_transform(img, M=matrix, T=shift, dtype=types.UINT8)
-    mixed = fn.coord_transform(img, M=matrix, dtype=types.FLOAT)
-    v = dali.math.floor(mixed + _to_device(weight, img) * centre)
-    return fn.cast(dali.math.clamp(v, 0.0, 255.0), dtype=types.UINT8)
 
 
 def _matrix(p: Any, at: int = 0) -> Any:
@@ -185,43 +177,44 @@ def box_taps(radius: float) -> np.ndarray:
 
 
 def jitter_slots(args: tuple) -> tuple[float, ...]:
-    """ColorJitter's (order, factors) as four slots in the drawn order, each a 3x3 matrix and the weight of the
-    contrast centre (:data:`SLOT` floats); a part that is off (NaN) is the identity."""
+    """ColorJitter's (order, factors) as four slots in the drawn order (:data:`SLOT` floats each): the slot's kind
+    (an index of :data:`SLOT_KINDS`), then brightness's or contrast's factor, or saturation's or hue's 3x3 matrix;
+    a part that is off (NaN) is the identity."""
     out: list[float] = []
     for k in args[:4]:
         kind, f = int(k), float(args[4 + int(k)])
-        weight, m = 0.0, np.eye(3)
+        slot = np.zeros(SLOT)
         if not math.isnan(f):
-            if kind == 0:
-                m = f * np.eye(3)
-            elif kind == 1:
-                m, weight = f * np.eye(3), 1.0 - f
-            elif kind == 2:
-                m = color_matrix(f)
+            if kind in (0, 1):
+                slot[0], slot[1] = (1.0 if kind == 0 else 2.0), f
             else:
-                m = hue_matrix(f)
-        out += [float(v) for v in m.ravel()] + [weight]
+                slot[0] = 3.0
+                slot[1:10] = (color_matrix(f) if kind == 2 else hue_matrix(f)).ravel()
+        out += [float(v) for v in slot]
     return tuple(out)
 
 
 # ---- the graph's side
-def _brightness(img: Any, p: Any) -> Any:
+def _brightness(img: Any, p: Any, at: int = 0) -> Any:
+    """``floor(f x)`` with ``f`` in ``p[at]``, clipped."""
     _, fn, _ = _dali()
-    return fn.brightness_contrast(img, brightness=p[0], brightness_shift=_TRUNC / 255.0)
+    return fn.brightness_contrast(img, brightness=p[at], brightness_shift=_TRUNC / 255.0)
 
 
-def _contrast(img: Any, p: Any) -> Any:
+def _contrast(img: Any, p: Any, at: int = 0) -> Any:
+    """``floor(c + f (x - c))`` with ``f`` in ``p[at]``, ``c`` the image's rounded mean luma."""
     dali, fn, types = _dali()
-    f, c = p[0], _centre(img)
+    f, c = p[at], _centre(img)
     if _form(img) == "arguments":
         return fn.brightness_contrast(img, contrast=f, contrast_center=c, brightness_shift=_TRUNC / 255.0)
     v = dali.math.floor(c + _to_device(f, img) * (fn.cast(img, dtype=types.FLOAT) - c))
     return fn.cast(dali.math.clamp(v, 0.0, 255.0), dtype=types.UINT8)
 
 
-def _color(img: Any, p: Any) -> Any:
+def _color(img: Any, p: Any, at: int = 0) -> Any:
+    """The 3x3 colour matrix in ``p[at:at + 9]`` on every pixel, truncated and clipped."""
     _, fn, types = _dali()
-    return fn.coord_transform(img, M=_matrix(p), T=_TRUNC, dtype=types.UINT8)
+    return fn.coord_transform(img, M=_matrix(p, at), T=_TRUNC, dtype=types.UINT8)
 
 
 def _sharpness(img: Any, p: Any) -> Any:
@@ -277,8 +270,9 @@ def _autocontrast(img: Any, p: Any) -> Any:
 
 def _grayscale(img: Any, p: Any) -> Any:
     """PIL's ``L`` repeated on three channels."""
-    _, fn, types = _dali()
-    return fn.coord_transform(img, M=[float(w) for w in np.tile(LUMA, 3)], dtype=types.UINT8)
+    _, fn, _ = _dali()
+    lum = _luma_plane(img)
+    return fn.cat(lum, lum, lum, axis=2)
 
 
 def _gaussian_tv(img: Any, p: Any) -> Any:
@@ -300,12 +294,21 @@ def _gaussian_timm(img: Any, p: Any) -> Any:
     return x
 
 
+def _kept(img: Any, p: Any, at: int = 0) -> Any:
+    return img
+
+
 def _jitter(img: Any, p: Any) -> Any:
-    """ColorJitter: its four slots in order, each rounded and clipped (a slot that is off: the identity)."""
+    """ColorJitter: its four slots in order, each sample's slot by its kind (DALI's conditional ``select``), each
+    rounded and clipped as PIL does after every part."""
+    from nvidia.dali.auto_aug.core import select
+
+    _, fn, types = _dali()
     x = img
     for j in range(4):
         at = SLOT * j
-        x = _affine(x, _matrix(p, at), p[at + 9], _centre(x))
+        kind = fn.cast(p[at], dtype=types.INT32)
+        x = select([_kept, _brightness, _contrast, _color], kind, x, p, at=at + 1)
     return x
 
 

@@ -1,0 +1,142 @@
+"""How far the colour/pixel graph operations are from torchvision's and timm's own PIL functions, and what each
+costs on DALI's CPU: writes the markdown of ``benchmarks/results/graph-ops-color.md``.
+
+Usage: ``.venv/bin/python benchmarks/fidelity_graph_color.py [--photos DIR] [--out FILE]`` (CPU pipelines; a
+minute or two).
+
+Fidelity: every operation of ``tests/test_graph_color.py`` over its images and argument table (extremes
+included), in both forms where an image statistic feeds the operator (``arguments``: the CPU's; ``arithmetic``:
+the GPU's). Cost: each operation alone on 32 crops of 224x224 (photos when ``--photos`` is given, else noise),
+2 threads, best of 3 runs of 3 batches, wall milliseconds per image. Hue: ColorJitter's hue part against
+torchvision's ``adjust_hue`` on the photos (the one operation whose pixels differ visibly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from fastload.augment.graphop import apply_once  # noqa: E402
+from fastload.augment.ops_color import color_op, statistics_form  # noqa: E402
+from test_graph_color import CASES, IMAGES, STATISTIC, _timm, _tv  # noqa: E402
+
+log = logging.getLogger("fidelity_graph_color")
+NAN = float("nan")
+
+
+def differences(library: str, name: str, args: list[tuple], form: str) -> np.ndarray:
+    """|ours - library| over every fixture and argument tuple, in levels."""
+    from PIL import Image
+
+    op = color_op(library, name, "bilinear", (128, 128, 128))
+    images = [im for im in IMAGES for _ in args]
+    every = [a for _ in IMAGES for a in args]
+    with statistics_form(form):
+        outs = apply_once(op, images, every)
+    ref = _timm if library == "timm" else _tv
+    return np.concatenate([
+        np.abs(o.astype(np.int16) - np.asarray(ref(name, a, Image.fromarray(im)), dtype=np.int16)).ravel()
+        for im, a, o in zip(images, every, outs)
+    ])  # fmt: skip
+
+
+def cost(library: str, name: str, args: tuple, crops: list[np.ndarray]) -> float:
+    """Wall milliseconds per image of the operation alone on ``crops`` (2 threads, best of 3 x 3 batches)."""
+    from fastload.pipeline import import_dali
+
+    dali, fn, types = import_dali()
+    op = color_op(library, name, "bilinear", (128, 128, 128))
+    par = [op.params(args)] * len(crops)
+
+    @dali.pipeline_def(batch_size=len(crops), num_threads=2, device_id=None, enable_conditionals=True)
+    def pipe():
+        img = fn.external_source(source=lambda: crops, batch=True, layout="HWC", dtype=types.UINT8, ndim=3)
+        p = fn.external_source(source=lambda: par, batch=True, dtype=types.FLOAT, ndim=1)
+        return op.graph(img, p)
+
+    pp = pipe()
+    pp.build()
+    pp.run()
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(3):
+            pp.run()
+        best = min(best, (time.perf_counter() - t) / 3 / len(crops) * 1000)
+    return best
+
+
+def load_crops(photos: str | None, n: int = 32) -> list[np.ndarray]:
+    from PIL import Image
+
+    if photos:
+        files = sorted(p for p in Path(photos).rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png"))[:n]
+        return [np.asarray(Image.open(f).convert("RGB").resize((224, 224))) for f in files]
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for _ in range(n)]
+
+
+def hue_rows(crops: list[np.ndarray]) -> list[str]:
+    import torchvision.transforms.functional as F
+    from PIL import Image
+
+    op = color_op("torchvision", "ColorJitter", "bilinear", (0, 0, 0))
+    rows = []
+    for h in (0.02, 0.05, 0.1, 0.2):
+        outs = apply_once(op, crops, [(0, 1, 2, 3, NAN, NAN, NAN, h)] * len(crops))
+        d = np.concatenate([np.abs(o.astype(int) - np.asarray(F.adjust_hue(Image.fromarray(c), h), dtype=int)).ravel()
+                            for o, c in zip(outs, crops)])  # fmt: skip
+        rows.append(f"| {h} | {d.max()} | {d.mean():.2f} | {(d > 8).mean():.3f} |")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--photos", help="a folder of photos for the cost and the hue rows (else noise, and no hue rows)")
+    ap.add_argument("--out", help="write the markdown here (else stdout)")
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    crops = load_crops(a.photos)
+    lines = [
+        "# Colour/pixel graph operations against the libraries' own functions, and their cost",
+        "",
+        f"Machine: {platform.processor() or platform.machine()}, python {platform.python_version()}; "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Command: `benchmarks/fidelity_graph_color.py"
+        + (f" --photos {a.photos}`." if a.photos else "`."),
+        "Fidelity over the images and argument tables of `tests/test_graph_color.py`, uint8 levels over all values;",
+        "cost: the operation alone on 32 crops of 224x224 " + ("photos" if a.photos else "noise")
+        + ", 2 threads, wall ms per image (best of 3).",
+        "",
+        "| library | op | form | max | mean abs | fraction > 1 level | ms / image |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for library, name, args in CASES:
+        ms = cost(library, name, args[0], crops)
+        for form in ("arguments", "arithmetic") if name in STATISTIC else ("arguments",):
+            d = differences(library, name, args, form)
+            lines.append(f"| {library} | {name} | {form} | {d.max()} | {d.mean():.4f} | {(d > 1).mean():.4f} | "
+                         f"{ms:.2f} |" if form == "arguments" else
+                         f"| {library} | {name} | {form} | {d.max()} | {d.mean():.4f} | {(d > 1).mean():.4f} | (GPU form) |")  # fmt: skip
+            log.info(lines[-1])
+    if a.photos:
+        lines += ["", "ColorJitter's hue part (a YIQ turn) against torchvision's `adjust_hue` (PIL's HSV) on the photos:",
+                  "", "| hue factor | max | mean abs | fraction > 8 levels |", "|---:|---:|---:|---:|", *hue_rows(crops)]
+    text = "\n".join(lines) + "\n"
+    if a.out:
+        Path(a.out).write_text(text)
+    else:
+        sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()
