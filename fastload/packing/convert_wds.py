@@ -199,7 +199,10 @@ class WebDatasetSource(FieldSource):
         fields: list[Field] = [IMAGE]
         if "cls" in first.members:
             fields.append(LABEL)
-        values = self._values(first, image_ext, None) if self.json_fields else {}
+        try:
+            values = self._values(first, image_ext, None) if self.json_fields else {}
+        except ValueError as e:  # the schema's sample cannot be read: say which and why
+            raise ConfigError(f"{where}: the fields of the first sample with an image decide the schema, and it cannot be read: {e}") from None
         for ext in first.members:
             if ext in (image_ext, "cls"):
                 continue
@@ -240,6 +243,8 @@ class WebDatasetSource(FieldSource):
                     doc = json.loads(self._read(s, "json"))
                 except (ValueError, UnicodeDecodeError) as e:
                     raise ValueError(f".json is not valid JSON ({short_message(e)})") from None
+                except RecursionError:  # Python's reader gives up at about 1000 levels (a hostile member)
+                    raise ValueError(".json nests deeper than Python's JSON reader can read") from None
                 if not isinstance(doc, dict):
                     raise ValueError(f".json holds a {type(doc).__name__}, not an object")
                 for name, _spec in self.json_fields:
