@@ -32,6 +32,7 @@ from typing import Any, Callable, TypeVar
 
 from ..errors import ConfigError, PackError, printable
 from ..format import MANIFEST_NAME, Manifest
+from ..packing.journal import hold_lock, release_lock
 from .nodecache import cache_root, dataset_files
 from .store import RemoteStore
 from .url import parse_url
@@ -94,6 +95,7 @@ class UploadLock:
                               "stop it, then pack again (its staging copy was not touched)") from None  # fmt: skip
         except OSError as e:  # a file system that cannot lock: go on, as a local pack does
             log.warning("%s: cannot lock %s (%s); make sure no other pack uploads there meanwhile", url, path, e)
+        hold_lock(fd)  # a forked pack worker closes its copy: the lock dies with this process
         owner = {"pid": os.getpid(), "host": socket.gethostname(), "source": printable(source)[:200],
                  "since": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
         with contextlib.suppress(OSError):
@@ -105,6 +107,7 @@ class UploadLock:
         """Drop the lock (idempotent); the file stays (removing it would race with a new writer)."""
         fd, self.fd = self.fd, None
         if fd is not None:
+            release_lock(fd)
             with contextlib.suppress(OSError):
                 os.close(fd)
 
