@@ -93,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except FastloadError as e:
         if debug:
+            if e.details != str(e):  # the line was cut: the whole message first
+                print(f"fastload: error (whole message): {printable(e.details)}", file=sys.stderr)
             raise
         print(f"fastload: error: {printable(str(e))}", file=sys.stderr)
         return 2

@@ -14,7 +14,10 @@ Every error fastload raises on purpose derives from :class:`FastloadError`, so
     └── LoaderError                     a background batch could not be produced
 
 Errors carry their context (file, sample index, argument) in the message so a
-single line on stderr is enough to act on.
+single line on stderr is enough to act on. That line is at most :data:`MAX_MESSAGE`
+characters: a longer message (a ``ConcatDataset`` of a hundred folders names each) keeps its
+start and its end around a note of what was cut, and the whole text is the exception's
+``details`` (and its ``args``, so it survives pickling).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import operator
 from typing import Any
 
 __all__ = [
+    "MAX_MESSAGE",
+    "capped",
     "FastloadError",
     "ConfigError",
     "DependencyError",
@@ -35,8 +40,33 @@ __all__ = [
 ]
 
 
+#: The most characters ``str()`` of a :class:`FastloadError` has (the whole message is its ``details``).
+MAX_MESSAGE = 500
+_TAIL = 180  # of MAX_MESSAGE: the end (what to do); the start gets the rest
+
+
+def capped(text: str, limit: int = MAX_MESSAGE) -> str:
+    """``text`` if it has at most ``limit`` characters, else its start and end around a note of how
+    many characters were cut (the start says what failed, the end what to do), ``limit`` in all."""
+    if len(text) <= limit:
+        return text
+    tail = _TAIL * limit // MAX_MESSAGE
+    note = "[... {} characters cut; the whole message: the exception's .details, or fastload --debug ...]"
+    head = max(0, limit - tail - len(note.format(len(text))) - 2)
+    return f"{text[:head]} {note.format(len(text) - head - tail)} {text[-tail:]}"[:limit]
+
+
 class FastloadError(Exception):
-    """Base class of every error fastload raises on purpose."""
+    """Base class of every error fastload raises on purpose; ``str()`` is at most :data:`MAX_MESSAGE`
+    characters, ``details`` the whole message."""
+
+    @property
+    def details(self) -> str:
+        """The whole message, however long."""
+        return super().__str__()
+
+    def __str__(self) -> str:
+        return capped(super().__str__())
 
 
 class ConfigError(FastloadError, ValueError):

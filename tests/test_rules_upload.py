@@ -128,22 +128,29 @@ def test_a_fresh_pack_never_uploads_another_sources_finished_staging_copy(store,
     monkeypatch.setattr(store, "check", staticmethod(refuse))
     with pytest.raises(ConnectionError):
         fastload.pack(a_src, URL, shard_size="8KiB", workers=1, progress=False)
-    assert (upload.staging_dir(str(parse_url(URL))) / MANIFEST_NAME).exists()  # A's finished staging copy
+    assert staged_copies() == 1  # A's finished staging copy
     monkeypatch.setattr(store, "check", staticmethod(lambda objects: None))
     store.objects.clear()
     fastload.pack(b_src, URL, shard_size="8KiB", workers=1, progress=False)
     assert same_dataset(store.objects, b)
 
 
+def staged_copies() -> int:
+    """How many finished staging copies the cache holds for URL."""
+    return len(list(upload.staging_root(str(parse_url(URL))).glob(f"*/dataset/{MANIFEST_NAME}")))
+
+
 def test_a_resumed_upload_with_another_source_never_uploads_the_first_sources_staging_copy(store, monkeypatch, tmp_path):
     """Scenario: source A's pack to the URL finished its staging copy and lost the store during the
-    upload; then source B is packed to the URL with ``resume=True``. Rule (as a local resume: "the
-    source changed since it was started"): the staging copy of another source is never uploaded as
-    B's; the resume is refused naming why. A resume with A itself uploads A. Bug (found by this test,
-    fixed): the finished staging copy reused whatever the source, so B's command uploaded A."""
+    upload; then source B is packed to the URL with ``resume=True``. Rule (issue 38 class 1: the
+    staging area is keyed by the source): B's resume packs and uploads B, never A's staging copy,
+    and leaves A's copy as it was (A can still be resumed, over B with ``overwrite``). Bugs: the
+    finished staging copy reused whatever the source, so B's command uploaded A (fixed before);
+    one staging copy per URL, so B's pack replaced or deleted A's."""
     a_src = paint_folder(tmp_path / "a", classes=2, per_class=5, size=(60, 40))
     b_src = paint_folder(tmp_path / "b", classes=3, per_class=4, size=(50, 44))
     a = local_pack(a_src, tmp_path / "a_local")
+    b = local_pack(b_src, tmp_path / "b_local")
 
     def refuse(objects):
         raise ConnectionError("the store went away")
@@ -151,10 +158,13 @@ def test_a_resumed_upload_with_another_source_never_uploads_the_first_sources_st
     monkeypatch.setattr(store, "check", staticmethod(refuse))
     with pytest.raises(ConnectionError):
         fastload.pack(a_src, URL, shard_size="8KiB", workers=1, progress=False)
+    a_staged = {p.relative_to(upload.staging_root(str(parse_url(URL)))): p.read_bytes()
+                for p in upload.staging_root(str(parse_url(URL))).rglob("*") if p.is_file()}
     monkeypatch.setattr(store, "check", staticmethod(lambda objects: None))
     store.objects.clear()
-    with pytest.raises(fastload.errors.ConfigError, match="packed from another source"):
-        fastload.pack(b_src, URL, shard_size="8KiB", workers=1, progress=False, resume=True)
-    assert MANIFEST_NAME not in store.objects
-    fastload.pack(a_src, URL, shard_size="8KiB", workers=1, progress=False, resume=True)
-    assert same_dataset(store.objects, a)
+    res = fastload.pack(b_src, URL, shard_size="8KiB", workers=1, progress=False, resume=True)
+    assert same_dataset(store.objects, b) and res.num_samples == 12
+    root = upload.staging_root(str(parse_url(URL)))
+    assert {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()} == a_staged
+    fastload.pack(a_src, URL, shard_size="8KiB", workers=1, progress=False, resume=True, overwrite=True)
+    assert same_dataset(store.objects, a) and staged_copies() == 0

@@ -177,6 +177,15 @@ def checked_segmentation(seg: Any, h: int, w: int, where: str) -> Any:
     return seg
 
 
+def _exif_orientation(pim: Any) -> int:
+    """A PIL image's EXIF orientation (1..8; 1 where it has none or it is malformed), as the pack reads it."""
+    try:
+        o = pim.getexif().get(0x0112, 1)  # the Orientation tag
+    except Exception:  # noqa: BLE001 - malformed EXIF: the pack ignores it as well
+        return 1
+    return o if isinstance(o, int) and 1 <= o <= 8 else 1
+
+
 class CocoSamples:
     """The images of a COCO annotations file as a map-style dataset of field dicts.
 
@@ -280,9 +289,10 @@ class CocoSamples:
         return item
 
     def _checked_size(self, im: dict[str, Any], payload: bytes) -> tuple[int, int]:
-        """The image's ``(height, width)`` read from its header, within ``max_pixels`` and equal to
-        the entry's ``height``/``width`` where it has them (a mismatch would misplace every mask
-        and fail the sample at each epoch).
+        """The image's ``(height, width)`` as packed (its header's, turned by an EXIF orientation 5..8,
+        which the pack applies), within ``max_pixels`` and equal to the entry's ``height``/``width``
+        where it has them (a mismatch would misplace every box and mask and fail the sample at
+        each epoch). The annotations are taken in the frame of the image as packed, upright.
 
         Raises:
             ConfigError: an unreadable header, too many pixels, or sizes that disagree.
@@ -293,15 +303,20 @@ class CocoSamples:
         try:
             with Image.open(io.BytesIO(payload)) as pim:
                 w, h = pim.size
+                orientation = _exif_orientation(pim)
         except Exception as e:  # noqa: BLE001 - PIL raises many kinds for a file it cannot identify
             raise ConfigError(f"image {im['id']} ({name}): not an image PIL can read ({type(e).__name__})") from None
         if w * h > self.max_pixels:
             raise ConfigError(f"image {im['id']} ({name}): {w}x{h} is more than --max-pixels {self.max_pixels}")
+        fh, fw = h, w
+        if orientation in (5, 6, 7, 8):  # a quarter turn: the packed image is w high, h wide
+            h, w = w, h
         claimed = (im.get("height"), im.get("width"))
         if claimed != (None, None) and claimed != (h, w):
+            turned = f", {h} high and {w} wide once its EXIF orientation {orientation} is applied as packed" if (h, w) != (fh, fw) else ""
             raise ConfigError(
                 f"image {im['id']} ({name}): the annotations say height {printable(reprlib.repr(claimed[0]))}, width "
-                f"{printable(reprlib.repr(claimed[1]))}, the file is {h} high, {w} wide"
+                f"{printable(reprlib.repr(claimed[1]))}, the file is {fh} high, {fw} wide{turned}"
             )
         return h, w
 

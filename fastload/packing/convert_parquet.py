@@ -12,7 +12,8 @@ their Arrow types (:func:`field_of`): integers ``int`` (the column ``label``: th
 with a ``ClassLabel``'s names as the classes), floats a float array of shape ``()``, strings
 ``str``, binaries ``bytes``, a fixed-size list of numbers an ``array``, a list of numbers (or
 of fixed-size lists) ``ragged``. A column of another type is left out, with a warning naming
-it. A row with a null field, a negative label or no image is a refused sample (``skipped``).
+it. A row with a null field (or a null inside a list), a negative label, a number that does not
+fit its field's dtype (a uint64 of 2**63 or more) or no image is a refused sample (``skipped``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import numpy as np
 
 from ..errors import ConfigError, DependencyError, printable, short_message
 from ..fields import DTYPES, IMAGE, LABEL, Field, Schema
-from .samples import FieldSource, check_label, reason_of
+from .samples import FieldSource, as_field_array, check_label, reason_of
 from .sources import Task
 
 log = logging.getLogger(__name__)
@@ -253,7 +254,7 @@ class ParquetSource(FieldSource):
                 label = check_label(values["label"], where, self.classes)
             for f in self.schema.stored:
                 if f.kind in ("array", "ragged"):
-                    values[f.name] = np.asarray(values[f.name], dtype=f.dtype)
+                    values[f.name] = as_field_array(f, values[f.name])
                 elif f.kind == "int" and isinstance(values[f.name], bool):
                     values[f.name] = int(values[f.name])
             self.keep_block(i, values, where)

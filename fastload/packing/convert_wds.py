@@ -6,7 +6,8 @@ source is a directory of ``.tar`` files (sorted by name), one ``.tar`` file, or 
 pattern (``shards/{00000..00099}.tar``). Members are grouped exactly as
 ``webdataset.tariterators.group_by_keys`` does: the key is the member's name up to the first
 dot of its base name, the extension the rest, lower-cased; consecutive members of one key
-make one sample; ``__...__`` metadata members are skipped.
+make one sample; ``__...__`` metadata members are skipped. A GNU sparse member (``tar --sparse``)
+is read expanded, as ``tarfile`` and webdataset read it (up to :data:`MAX_SPARSE_BYTES`).
 
 Fields are named by their extensions, as a WebDataset user reads them (``sample["txt"]``):
 ``jpg``/``jpeg``/``png``/``webp`` is the image, ``cls`` the int ``label``, ``txt`` a ``str``,
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: The most tar files a brace pattern may name (a mistyped ``{0..999999999999}`` is refused, not listed).
 MAX_TAR_FILES = 1 << 20
+#: The most bytes a GNU sparse member may expand to (its claimed size is not backed by the tar's own size).
+MAX_SPARSE_BYTES = 1 << 30
 #: Extensions that hold the image, in the order one is chosen when a sample has several.
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 _KEY_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext
@@ -113,11 +116,12 @@ def expand_shards(src: str | os.PathLike | Sequence[str]) -> list[str]:
 
 
 class _Sample:
-    __slots__ = ("shard", "key", "members", "problem")
+    __slots__ = ("shard", "key", "members", "sparse", "problem")
 
     def __init__(self, shard: int, key: str) -> None:
         self.shard, self.key = shard, key
         self.members: dict[str, tuple[int, int]] = {}  # extension -> (offset, size)
+        self.sparse: dict[str, list[tuple[int, int]]] = {}  # extension -> a sparse member's (offset, length) map
         self.problem: str | None = None
 
 
@@ -141,9 +145,36 @@ def _scan(paths: list[str]) -> list[_Sample]:
                     if suffix in current.members:
                         current.problem = f"two members {prefix}.{suffix} (a duplicate file name)"
                     current.members[suffix] = (m.offset_data, m.size)
+                    if m.issparse():  # GNU sparse: stored as data chunks that tarfile (and webdataset) expand
+                        current.sparse[suffix] = [(int(o), int(n)) for o, n in m.sparse or ()]
         except (tarfile.TarError, OSError) as e:
             raise ConfigError(f"{printable(path)}: not a readable tar file ({short_message(e)})") from None
     return samples
+
+
+def _expand_sparse(fd: int, off: int, size: int, chunks: list[tuple[int, int]], what: str) -> bytes:
+    """A GNU sparse member's bytes as ``tarfile.extractfile`` gives them (what webdataset reads): zeros,
+    with each stored chunk (consecutive in the archive from ``off``) at its place. The map is checked
+    first: chunks in order, within the claimed size, which is at most :data:`MAX_SPARSE_BYTES`.
+
+    Raises:
+        ValueError: the claimed size or the map is refused (naming ``what``).
+        OSError: the tar ended before a chunk.
+    """
+    if size > MAX_SPARSE_BYTES:
+        raise ValueError(f"{printable(what)} is a sparse file claiming {size} bytes, over the {MAX_SPARSE_BYTES} a member may expand to")
+    out, end, pos = bytearray(size), 0, off
+    for o, n in chunks:
+        if n == 0:  # GNU tar pads its map with empty entries
+            continue
+        if o < end or n < 0 or o + n > size:
+            raise ValueError(f"{printable(what)}: its sparse map is malformed (chunk {o}+{n} of a {size}-byte file)")
+        data = os.pread(fd, n, pos)
+        if len(data) != n:
+            raise OSError(f"{printable(what)}: the tar ends inside it")
+        out[o : o + n] = data
+        end, pos = o + n, pos + n
+    return bytes(out)
 
 
 def _json_spec(items: Sequence[str] | str | None) -> list[tuple[str, str | None]]:
@@ -199,7 +230,10 @@ class WebDatasetSource(FieldSource):
         fields: list[Field] = [IMAGE]
         if "cls" in first.members:
             fields.append(LABEL)
-        values = self._values(first, image_ext, None) if self.json_fields else {}
+        try:
+            values = self._values(first, image_ext, None) if self.json_fields else {}
+        except ValueError as e:  # the schema's sample cannot be read: say which and why
+            raise ConfigError(f"{where}: the fields of the first sample with an image decide the schema, and it cannot be read: {e}") from None
         for ext in first.members:
             if ext in (image_ext, "cls"):
                 continue
@@ -218,6 +252,8 @@ class WebDatasetSource(FieldSource):
         if fd is None:
             fd = self._fds[s.shard] = os.open(self.paths[s.shard], os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         off, size = s.members[ext]
+        if ext in s.sparse:
+            return _expand_sparse(fd, off, size, s.sparse[ext], f"{self.paths[s.shard]}: member {s.key}.{ext}")
         data = os.pread(fd, size, off)
         if len(data) != size:
             raise OSError(f"{self.paths[s.shard]} ended early (the tar changed while being packed)")
@@ -240,6 +276,8 @@ class WebDatasetSource(FieldSource):
                     doc = json.loads(self._read(s, "json"))
                 except (ValueError, UnicodeDecodeError) as e:
                     raise ValueError(f".json is not valid JSON ({short_message(e)})") from None
+                except RecursionError:  # Python's reader gives up at about 1000 levels (a hostile member)
+                    raise ValueError(".json nests deeper than Python's JSON reader can read") from None
                 if not isinstance(doc, dict):
                     raise ValueError(f".json holds a {type(doc).__name__}, not an object")
                 for name, _spec in self.json_fields:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import fractions
+import json
 import logging
 import math
 import operator
@@ -251,11 +252,11 @@ def _settings(
     )  # fmt: skip
     url = None
     if is_url(out):
-        from ..remote.upload import staging_dir
+        from ..remote.upload import staging_root
         from ..remote.url import parse_url
 
         url = str(parse_url(out))
-        out = staging_dir(url)
+        out = staging_root(url) / "dataset"  # the source's own staging copy is chosen when the pack starts
     elif storage_options is not None:
         raise ConfigError("storage_options: only for an OUT that is a URL (s3://bucket/prefix)")
     return _Settings(
@@ -425,8 +426,10 @@ def _run_to_url(source: Source, settings: _Settings) -> PackResult:
         return PackResult(path=staging, num_samples=m.num_samples, num_classes=len(m.classes), num_shards=len(m.shards),
                           bytes=sum(s.bytes for s in m.shards), skipped=list(m.skipped), seconds=0.0)  # fmt: skip
 
-    res, stats = pack_to_url(settings.url, run_local, overwrite=settings.overwrite, resume=settings.resume,
-                             storage_options=settings.storage_options)  # fmt: skip
+    # the staging copy is the source's and the options' own: another source's is never found, uploaded or deleted
+    key = json.dumps([source.fingerprint(), settings.shard_size, repr(settings.image), settings.on_error])
+    res, stats = pack_to_url(settings.url, run_local, source_key=key, source=source.description,
+                             overwrite=settings.overwrite, resume=settings.resume, storage_options=settings.storage_options)  # fmt: skip
     log.info("uploaded %d files (%d bytes), %d already there", stats["uploaded"], stats["bytes"], stats["kept"])
     return dataclasses.replace(res, url=settings.url, seconds=time.monotonic() - t0)
 

@@ -75,6 +75,36 @@ def check_label(value: Any, where: str, classes: Sequence[str] | None) -> int:
     return v
 
 
+def null_at(value: Any) -> str | None:
+    """Where the first null (``None``) sits inside nested lists, as ``"[1]"`` or ``"[0][2]"``; None
+    when there is none. Walked without recursion, so any depth is safe."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, v = stack.pop()
+        if v is None:
+            return path or "the value itself"
+        if isinstance(v, (list, tuple)):
+            stack.extend((f"{path}[{k}]", x) for k, x in reversed(list(enumerate(v))))
+    return None
+
+
+def as_field_array(f: Field, value: Any) -> np.ndarray:
+    """``value`` (nested lists from a converter) as ``f``'s array: a null inside it is refused, never
+    made NaN or 0, and a number that does not fit ``f.dtype`` (a uint64 of 2**63 or more in
+    ``int64``) is refused, never wrapped.
+
+    Raises:
+        ValueError: naming the field, and the null's place or the dtype.
+    """
+    at = null_at(value)
+    if at is not None:
+        raise ValueError(f"field {f.name!r} ({f.spec}) holds a null at {at}; a null is refused, never stored as NaN or 0")
+    try:
+        return np.asarray(value, dtype=f.dtype)
+    except (TypeError, OverflowError, ValueError) as e:
+        raise ValueError(f"field {f.name!r} ({f.spec}): a value does not fit in {f.dtype} ({short_message(e)})") from None
+
+
 def reason_of(e: Exception, where: str) -> str:
     """The reason an error gives for a refused sample, without the sample's name it starts with."""
     text = str(e)

@@ -9,7 +9,9 @@ Layout under ``CACHE/remote/`` (``CACHE`` is ``cache_dir``, else ``$FASTLOAD_CAC
       <sha256(manifest)[:16]>/        one version of the dataset: a local fastload dataset directory
         manifest.json labels.bin ...  the manifest (written last) and its dataset-level files, verified
         shard-00000.lmdb ...          shards, each present only once downloaded in full and verified
-        shard-00000.lmdb.part-P-T     a download in progress (its full size reserved at once)
+        shard-00000.lmdb.part-P-T     a download in progress (its full size reserved at once); one
+                                      whose lock is free was left by a killed reader and is deleted
+                                      by the next reader that opens the dataset or makes room
         .locks/shard-00000.lmdb.lock  flock: shared while a reader has the shard open, exclusive while
                                       it is downloaded or deleted
         .downloads                    one line per completed shard download (``file pid``)
@@ -186,6 +188,40 @@ class _Flock:
             self.fd = -1
 
 
+#: A download in progress: ``NAME.part-PID-THREAD``.
+_PART_RE = re.compile(r"(?P<name>[^/]+)\.part-[0-9]+-[0-9]+")
+
+
+def reclaim_parts(root: Path) -> int:
+    """Delete the ``.part`` downloads in the dataset directory ``root`` that no download holds (left by
+    a reader killed with ``kill -9``); the bytes freed. A shard's ``.part`` is written only under
+    the shard's exclusive lock, a dataset-level file's under ``meta.lock``: a ``.part`` whose lock
+    can be taken at once is nobody's. Locks that cannot be taken are skipped, never waited for."""
+    try:
+        entries = [e for e in os.scandir(root) if _PART_RE.fullmatch(e.name)]
+    except OSError:
+        return 0
+    freed = 0
+    for e in entries:
+        name = _PART_RE.fullmatch(e.name)["name"]  # type: ignore[index]
+        own = root / ".locks" / f"{name}.lock"
+        try:
+            fl = _Flock(own if own.exists() else root / ".locks" / "meta.lock")
+        except OSError:
+            continue
+        try:
+            if fl.try_lock(fcntl.LOCK_EX):
+                n = e.stat(follow_symlinks=False).st_size
+                os.unlink(e.path)
+                freed += n
+                log.info("cache: deleted %s (%d bytes), a download its reader left unfinished", e.path, n)
+        except OSError:  # gone meanwhile, or the lock cannot be taken on this file system
+            pass
+        finally:
+            fl.close()
+    return freed
+
+
 class RemoteShards:
     """Where a :class:`~fastload.reader.Dataset` opened from a URL gets its files: the node cache.
 
@@ -280,6 +316,7 @@ class RemoteShards:
             os.close(os.open(probe, os.O_RDWR | os.O_CREAT, 0o644))
         except OSError as e:  # a file, read-only, under /proc, a full disk
             raise _cache_error(root, e, "use") from None
+        reclaim_parts(root)  # what readers killed mid-download left here
         if not (root / MANIFEST_NAME).exists():
             meta = _Flock(root / ".locks" / "meta.lock")
             try:
@@ -526,6 +563,8 @@ class RemoteShards:
         space = _Flock(self.cache / ".space.lock")
         try:
             space.lock(fcntl.LOCK_EX)
+            for root in self.cache.glob("*/*/"):  # downloads left unfinished by killed readers, any dataset
+                reclaim_parts(root)
             if self.limit is not None:
                 used = self.usage()
                 mine = self._next_use(k)

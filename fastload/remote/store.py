@@ -335,7 +335,9 @@ class RemoteStore:
         self.call("PUT", name, lambda st: obstore.put(st, self.url.key(name), data, use_multipart=False))
 
     def list(self) -> list[dict]:
-        """Every object under the prefix (recursively): ``{"name", "size"}`` with names relative to it."""
+        """Every object under the prefix (recursively): ``{"name", "size"}`` with names relative to it.
+        The prefix's own folder marker (an empty ``prefix/`` object, what the S3 console's "Create
+        folder" makes; the client lists it as ``prefix``) is not one of them: such a prefix is empty."""
         obstore = _obstore()
         pre = self.url.key("") if self.url.prefix else ""
 
@@ -343,7 +345,10 @@ class RemoteStore:
             out = []
             for chunk in obstore.list(st, prefix=pre.rstrip("/") or None):
                 for meta in chunk:
-                    out.append({"name": meta["path"][len(pre):], "size": int(meta["size"])})
+                    path = str(meta["path"])
+                    if pre and path.rstrip("/") == pre.rstrip("/") and int(meta["size"]) == 0:
+                        continue  # the folder marker
+                    out.append({"name": path[len(pre):], "size": int(meta["size"])})
             return out
 
         return self.call("LIST", "", run)

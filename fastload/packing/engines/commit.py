@@ -108,6 +108,18 @@ def run_fingerprint(plan: Plan, options: dict[str, Any], engine: str) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _row_digest(row: Mapping[str, Any]) -> str:
+    """A SHA-256 of a row's columns and values (bytes hashed as they are, others by ``repr``): part of
+    an upload's staging key, so a ``--resume`` of other rows never finds this pack's staging copy."""
+    h = hashlib.sha256()
+    for k in sorted(row, key=str):
+        v = row[k]
+        h.update(f"{k}\0".encode("utf-8", "surrogateescape"))
+        h.update(bytes(v) if isinstance(v, (bytes, bytearray, memoryview)) else repr(v).encode("utf-8", "surrogateescape"))
+        h.update(b"\0")
+    return h.hexdigest()
+
+
 # ============================================================================ staging and its lock
 
 
@@ -383,8 +395,9 @@ def pack_with(engine: str, first: Mapping[str, Any], out: Any, *, run: Callable[
             return pack_with(engine, first, staging, run=run, parallel_map=parallel_map, image_column=image_column,
                              path_column=path_column, classes=classes, fields=fields, options=local)  # fmt: skip
 
-        res, _stats = pack_to_url(settings.url, run_local, overwrite=settings.overwrite, resume=settings.resume,
-                                  storage_options=settings.storage_options)  # fmt: skip
+        key = json.dumps([engine, _row_digest(first), {k: v for k, v in options.items() if k != "storage_options"}], default=repr)
+        res, _stats = pack_to_url(settings.url, run_local, source_key=key, source=f"{engine} rows", overwrite=settings.overwrite,
+                                  resume=settings.resume, storage_options=settings.storage_options)  # fmt: skip
         return dataclasses.replace(res, url=settings.url, seconds=time.monotonic() - t0)
     opts = {**manifest_options(settings, not plan.schema.plain), "engine": engine}
     fingerprint = run_fingerprint(plan, opts, engine)
