@@ -172,13 +172,16 @@ def _is_torch_dataset(obj: Any) -> bool:
     return isinstance(obj, torch.utils.data.Dataset) or hasattr(obj, "samples")
 
 
-def _translated(transform: Any) -> Augment | None:
-    """``transform`` (an Augment or a torchvision transform) as an Augment; None stays None."""
+def _translated(transform: Any, image: tuple[int, int, int] | None = None) -> Augment | None:
+    """``transform`` (an Augment or a torchvision transform) as an Augment; None stays None.
+
+    ``image``: ``(height, width, channels)`` of every image (an array dataset's), for the translation.
+    """
     if transform is None or isinstance(transform, Augment):
         return transform
     from .transforms import translate
 
-    return translate(transform)
+    return translate(transform, image=image)
 
 
 def _remote_options(dataset: Any, **options: Any) -> dict[str, Any]:
@@ -204,7 +207,7 @@ def _resolve_source(dataset: Any, transform: Any) -> _Source:
         plan = plan_dataset(dataset)  # ConfigError naming what cannot be reproduced, before any work
         if transform is None:
             transform = plan.transform  # None: FastLoader's defaults
-        return _Source("torchvision", plan, _translated(transform), transform, plan.target_transform)
+        return _Source("torchvision", plan, _translated(transform, plan.image), transform, plan.target_transform)
     raise ConfigError(
         f"dataset must be a packed dataset directory, a fastload.Dataset, a torchvision ImageFolder/DatasetFolder "
         f"of image files (or a Subset/ConcatDataset of them), got {type(dataset).__name__}; pack other datasets "
@@ -454,6 +457,7 @@ class FastLoader:
             "check": check, "target_transform": target_transform, **(packed.remote.options if getattr(packed, "remote", None) else {}), **({"fields": fields, "pad_to": pad_to} if fields is not None else {}),
         }  # fmt: skip
         self._given = {k: v for k, v in given.items() if _given(k, v)}  # they override a transform assigned later
+        self._image = source.obj.image if source.kind == "torchvision" else None  # an array dataset's image size
         self.dataset = LoaderDataset(
             packed, labels=self._labels, epoch=self._epoch_box.get, transform=source.transform,
             target_transform=target_transform, origin=_origin(source),
@@ -540,7 +544,7 @@ class FastLoader:
         The flat keywords given to the constructor still override it, as they override a transform
         given there. Returns the view's new settings; a ConfigError leaves everything as it was.
         """
-        augment = Augment.merged(_translated(transform) or Augment(), self._given)
+        augment = Augment.merged(_translated(transform, self._image) or Augment(), self._given)
         with self._iter_lock:
             old = self._core
             self._keep_augment(augment)
