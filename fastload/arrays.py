@@ -23,12 +23,23 @@ import numpy as np
 
 from .errors import ConfigError, printable
 
-__all__ = ["ArrayItems", "array_files", "is_array_dataset"]
+__all__ = ["ArrayItems", "array_files", "is_array_dataset", "one_size"]
 
 #: The label attributes read, in order.
 LABEL_ATTRS = ("targets", "labels")
 #: The PIL modes served, and their channel counts.
 MODES = {"RGB": 3, "L": 1}
+
+
+def one_size(stats: Any) -> tuple[int, int, int] | None:
+    """``(height, width, 3)`` when a packed dataset's manifest ``stats`` say every image has that size, else None."""
+    if not isinstance(stats, dict):
+        return None
+    sides = [stats.get(k) if isinstance(stats.get(k), dict) else {} for k in ("height", "width")]
+    lo, hi = [d.get("min") for d in sides], [d.get("max") for d in sides]
+    if any(type(v) is not int for v in lo + hi) or lo != hi:
+        return None
+    return (lo[0], lo[1], 3)
 
 
 def _as_array(value: Any) -> np.ndarray | None:

@@ -33,10 +33,10 @@ from torch.utils.data import default_collate
 from .core import REBOUND, RESUMED, RETRANSFORMED, Core, register_exit_hook
 from .dlcompat import DetachedEpoch, LoaderBatchSampler, RankSampler, SamplerPlan, check_collate_fn, note_ignored, rank_and_world, user_batch_sampler
 from .epochs import EpochIterator, EpochRun, start_epoch
-from .errors import ConfigError, LoaderError, as_int
+from .errors import ConfigError, FastloadError, LoaderError, as_int
 from .pipeline import find_dali
 from .composite import DatasetView
-from .reader import Dataset
+from .reader import Dataset, read_manifest
 from .remote.url import is_url
 from .resume import STATE_VERSION, Shape, make_state, merge_states, resume_position
 from .sampler import MAX_BATCH, MAX_SEED, EpochSampler, check_order, choose_order, order_options
@@ -154,6 +154,7 @@ class _Source:
         self.kind, self.obj = kind, obj
         self.settings = settings or {}
         self.transform, self.target_transform = transform, target_transform
+        self.image: tuple[int, int, int] | None = None  # (height, width, channels) of every image, where known
 
     def open(self, *, check: bool, cache_dir: Any, progress: bool, remote: dict | None = None) -> Dataset:
         if self.kind == "dataset":
@@ -191,11 +192,27 @@ def _remote_options(dataset: Any, **options: Any) -> dict[str, Any]:
     return options
 
 
-def _resolve_source(dataset: Any, transform: Any) -> _Source:
-    if isinstance(dataset, (str, os.PathLike)):
-        return _Source("path", dataset, _translated(transform), transform)
+def _packed_image(dataset: Any) -> tuple[int, int, int] | None:
+    """``(height, width, 3)`` when every image of a packed dataset (a local path or a Dataset) has that size."""
+    from .arrays import one_size
+
     if isinstance(dataset, Dataset):
-        return _Source("dataset", dataset, _translated(transform), transform)
+        return one_size(dataset.manifest.stats)
+    if is_url(dataset):
+        return None
+    try:
+        return one_size(read_manifest(dataset).stats)
+    except (FastloadError, OSError):  # opening it says what is wrong
+        return None
+
+
+def _resolve_source(dataset: Any, transform: Any) -> _Source:
+    if isinstance(dataset, (str, os.PathLike, Dataset)):
+        image = _packed_image(dataset) if transform is not None and not isinstance(transform, Augment) else None
+        kind = "dataset" if isinstance(dataset, Dataset) else "path"
+        source = _Source(kind, dataset, _translated(transform, image), transform)
+        source.image = image
+        return source
     if isinstance(dataset, LoaderDataset):
         if transform is not None:
             return _Source("view", dataset, _translated(transform), transform, dataset.target_transform)
@@ -207,7 +224,9 @@ def _resolve_source(dataset: Any, transform: Any) -> _Source:
         plan = plan_dataset(dataset)  # ConfigError naming what cannot be reproduced, before any work
         if transform is None:
             transform = plan.transform  # None: FastLoader's defaults
-        return _Source("torchvision", plan, _translated(transform, plan.image), transform, plan.target_transform)
+        source = _Source("torchvision", plan, _translated(transform, plan.image), transform, plan.target_transform)
+        source.image = plan.image
+        return source
     raise ConfigError(
         f"dataset must be a packed dataset directory, a fastload.Dataset, a torchvision ImageFolder/DatasetFolder "
         f"of image files (or a Subset/ConcatDataset of them), got {type(dataset).__name__}; pack other datasets "
@@ -457,7 +476,7 @@ class FastLoader:
             "check": check, "target_transform": target_transform, **(packed.remote.options if getattr(packed, "remote", None) else {}), **({"fields": fields, "pad_to": pad_to} if fields is not None else {}),
         }  # fmt: skip
         self._given = {k: v for k, v in given.items() if _given(k, v)}  # they override a transform assigned later
-        self._image = source.obj.image if source.kind == "torchvision" else None  # an array dataset's image size
+        self._image = source.image  # every image's size, where known (an array dataset's)
         self.dataset = LoaderDataset(
             packed, labels=self._labels, epoch=self._epoch_box.get, transform=source.transform,
             target_transform=target_transform, origin=_origin(source),
