@@ -23,7 +23,7 @@ import numpy as np
 
 from .errors import ConfigError, printable
 
-__all__ = ["ArrayItems", "array_files", "is_array_dataset", "one_size"]
+__all__ = ["ArrayItems", "array_files", "is_array_dataset", "one_size", "packed_image"]
 
 #: The label attributes read, in order.
 LABEL_ATTRS = ("targets", "labels")
@@ -40,6 +40,22 @@ def one_size(stats: Any) -> tuple[int, int, int] | None:
     if any(type(v) is not int for v in lo + hi) or lo != hi:
         return None
     return (lo[0], lo[1], 3)
+
+
+def packed_image(dataset: Any) -> tuple[int, int, int] | None:
+    """:func:`one_size` of a packed dataset (a local directory or a :class:`fastload.Dataset`); None for a URL."""
+    from .errors import FastloadError
+    from .reader import Dataset, read_manifest
+    from .remote.url import is_url
+
+    if isinstance(dataset, Dataset):
+        return one_size(dataset.manifest.stats)
+    if is_url(dataset):
+        return None
+    try:
+        return one_size(read_manifest(dataset).stats)
+    except (FastloadError, OSError):  # opening it says what is wrong
+        return None
 
 
 def _as_array(value: Any) -> np.ndarray | None:

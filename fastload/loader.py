@@ -33,10 +33,11 @@ from torch.utils.data import default_collate
 from .core import REBOUND, RESUMED, RETRANSFORMED, Core, register_exit_hook
 from .dlcompat import DetachedEpoch, LoaderBatchSampler, RankSampler, SamplerPlan, check_collate_fn, note_ignored, rank_and_world, user_batch_sampler
 from .epochs import EpochIterator, EpochRun, start_epoch
-from .errors import ConfigError, FastloadError, LoaderError, as_int
+from .errors import ConfigError, LoaderError, as_int
 from .pipeline import find_dali
+from .arrays import packed_image
 from .composite import DatasetView
-from .reader import Dataset, read_manifest
+from .reader import Dataset
 from .remote.url import is_url
 from .resume import STATE_VERSION, Shape, make_state, merge_states, resume_position
 from .sampler import MAX_BATCH, MAX_SEED, EpochSampler, check_order, choose_order, order_options
@@ -174,10 +175,7 @@ def _is_torch_dataset(obj: Any) -> bool:
 
 
 def _translated(transform: Any, image: tuple[int, int, int] | None = None) -> Augment | None:
-    """``transform`` (an Augment or a torchvision transform) as an Augment; None stays None.
-
-    ``image``: ``(height, width, channels)`` of every image (an array dataset's), for the translation.
-    """
+    """``transform`` (an Augment, or a torchvision transform translated knowing ``image``, every image's size) as an Augment."""
     if transform is None or isinstance(transform, Augment):
         return transform
     from .transforms import translate
@@ -192,23 +190,9 @@ def _remote_options(dataset: Any, **options: Any) -> dict[str, Any]:
     return options
 
 
-def _packed_image(dataset: Any) -> tuple[int, int, int] | None:
-    """``(height, width, 3)`` when every image of a packed dataset (a local path or a Dataset) has that size."""
-    from .arrays import one_size
-
-    if isinstance(dataset, Dataset):
-        return one_size(dataset.manifest.stats)
-    if is_url(dataset):
-        return None
-    try:
-        return one_size(read_manifest(dataset).stats)
-    except (FastloadError, OSError):  # opening it says what is wrong
-        return None
-
-
 def _resolve_source(dataset: Any, transform: Any) -> _Source:
     if isinstance(dataset, (str, os.PathLike, Dataset)):
-        image = _packed_image(dataset) if transform is not None and not isinstance(transform, Augment) else None
+        image = packed_image(dataset) if transform is not None and not isinstance(transform, Augment) else None
         kind = "dataset" if isinstance(dataset, Dataset) else "path"
         source = _Source(kind, dataset, _translated(transform, image), transform)
         source.image = image
@@ -475,8 +459,7 @@ class FastLoader:
             "pad": pad, "order": order, "block_size": block_size, "window": window, "hw_decoder_load": hw_decoder_load,
             "check": check, "target_transform": target_transform, **(packed.remote.options if getattr(packed, "remote", None) else {}), **({"fields": fields, "pad_to": pad_to} if fields is not None else {}),
         }  # fmt: skip
-        self._given = {k: v for k, v in given.items() if _given(k, v)}  # they override a transform assigned later
-        self._image = source.image  # every image's size, where known (an array dataset's)
+        self._given, self._image = {k: v for k, v in given.items() if _given(k, v)}, source.image  # for _retransform
         self.dataset = LoaderDataset(
             packed, labels=self._labels, epoch=self._epoch_box.get, transform=source.transform,
             target_transform=target_transform, origin=_origin(source),
