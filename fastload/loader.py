@@ -538,7 +538,8 @@ class FastLoader:
         """The image settings ``loader.dataset`` processes its items with."""
         return {"train": self.train, "crop": self.crop, "resize": self.resize, "scale": self.scale,
                 "ratio": self.ratio, "flip": self.flip, "mean": self.mean, "std": self.std, "seed": self.seed,
-                "interpolation": self.augment.interpolation}  # fmt: skip
+                "interpolation": self.augment.interpolation, "pad_crop": self.augment.pad_crop,
+                "channels": self.augment.channels}  # fmt: skip
 
     def _retransform(self, transform: Any) -> dict[str, Any]:
         """``loader.dataset.transform = transform``: run it from the next ``iter()`` on (a new pipeline).

@@ -265,3 +265,22 @@ def test_changed_arrays_are_packed_again(tmp_path):
     assert torch.equal(second, torch.utils.data.default_collate([ds[i][0] for i in range(12)]))
     assert torch.equal(second[1:], first[1:]) and not torch.equal(second[0], first[0])
     assert len([p for p in (tmp_path / "cache").iterdir() if p.is_dir()]) == 2
+
+
+@pytest.mark.parametrize("crop", [T.RandomCrop(32, padding=4, fill=(10, 20, 30)), T.RandomCrop(32, padding=(3, 5), padding_mode="reflect")])
+def test_loader_dataset_items_are_the_batches_images(crop, cifar, tmp_path):
+    """``loader.dataset[i]`` (processed on the host) is the loader's image i of the epoch, window and flip alike."""
+    ds = CIFAR10(str(cifar), train=True, transform=T.Compose([crop, T.RandomHorizontalFlip(), T.PILToTensor()]), download=False)
+    fl = _loader(ds, tmp_path, 12, seed=5)
+    items = {i: fl.dataset[i][0] for i in range(0, 60, 7)}  # the epoch about to run
+    images = torch.cat([b for b, _ in fl])
+    for i, item in items.items():
+        assert torch.equal(item.to(images.dtype), images[i])
+    write_mnist(tmp_path / "m", n_train=20, n_test=1)
+    mnist = MNIST(str(tmp_path / "m"), train=True, transform=T.Compose([T.RandomCrop(28, padding=2), T.PILToTensor()]))
+    fl = _loader(mnist, tmp_path, 10, seed=1)
+    items = {i: fl.dataset[i][0] for i in range(0, 20, 3)}
+    images = torch.cat([b for b, _ in fl])
+    assert images.shape == (20, 1, 28, 28)
+    for i, item in items.items():
+        assert torch.equal(item.to(images.dtype), images[i])

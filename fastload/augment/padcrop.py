@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import ConfigError, as_int
 from .draws import uniforms
 
-__all__ = ["PAD_MODES", "PAD_SALT", "PadCrop", "pad_crop_params", "pad_window", "static_pads"]
+__all__ = ["PAD_MODES", "PAD_SALT", "PadCrop", "host_window", "pad_crop_params", "pad_window", "static_pads"]
 
 #: torchvision's padding modes.
 PAD_MODES = ("constant", "edge", "reflect", "symmetric")
@@ -180,3 +180,19 @@ def pad_window(img: Any, corner: Any, shape: Any, *, pc: PadCrop, pads: tuple[in
         img, corner, shape, normalized_anchor=False, normalized_shape=False,
         out_of_bounds_policy="pad", fill_values=list(pc.fill), device=device,
     )  # fmt: skip
+
+
+def host_window(rgb: np.ndarray, corner: np.ndarray, *, pc: PadCrop, crop: int) -> np.ndarray:
+    """:func:`pad_window` of one HWC uint8 image on the host (``np.pad``'s modes are torchvision's), for ``loader.dataset[i]``."""
+    x, y = int(corner[0]), int(corner[1])
+    h, w = rgb.shape[:2]
+    if pc.mode == "constant":
+        out = np.empty((crop, crop, rgb.shape[2]), dtype=np.uint8)
+        out[:] = np.asarray(pc.fill[: rgb.shape[2]], dtype=np.uint8)
+        x0, x1, y0, y1 = max(x, 0), min(x + crop, w), max(y, 0), min(y + crop, h)
+        if x0 < x1 and y0 < y1:
+            out[y0 - y : y1 - y, x0 - x : x1 - x] = rgb[y0:y1, x0:x1]
+        return out
+    lx, ty, pw, ph = (int(v[0]) for v in _sides(pc, crop, np.array([w]), np.array([h])))
+    padded = np.pad(rgb, ((ty, ph - h - ty), (lx, pw - w - lx), (0, 0)), mode=pc.mode)
+    return padded[y : y + crop, x : x + crop]
