@@ -71,27 +71,26 @@ def _as_array(value: Any) -> np.ndarray | None:
 
 
 def is_array_dataset(obj: Any) -> bool:
-    """Whether ``obj`` keeps its images in a uint8 ``.data`` array (N images of 2 or 3 dimensions) and has a transform."""
+    """Whether ``obj`` keeps its images in a uint8 ``.data`` array (N images of 2 or 3 dimensions), its labels, a transform."""
     data = _as_array(getattr(obj, "data", None))
-    return data is not None and data.dtype == np.uint8 and data.ndim in (3, 4) and hasattr(obj, "transform")
+    labelled = any(getattr(obj, a, None) is not None for a in LABEL_ATTRS)
+    return data is not None and data.dtype == np.uint8 and data.ndim in (3, 4) and hasattr(obj, "transform") and labelled
 
 
 def _labels(obj: Any, n: int, desc: str) -> np.ndarray:
-    for attr in LABEL_ATTRS:
-        value = getattr(obj, attr, None)
-        if value is None:
-            continue
-        arr = _as_array(value)
-        arr = np.asarray(value) if arr is None else arr
-        if arr.shape != (n,) or arr.dtype.kind not in "iu":
-            raise ConfigError(f"{desc}.{attr}: expected {n} integer labels, got {arr.dtype} {arr.shape}")
-        if n and (arr.min() < 0):
-            raise ConfigError(
-                f"{desc}.{attr}: label {int(arr.min())} is not a class index (an unlabelled split?); FastLoader "
-                "serves labelled images: use a labelled split"
-            )
-        return arr.astype(np.int64)
-    raise ConfigError(f"{desc}: a .data array without .targets or .labels; FastLoader serves [images, labels] batches")
+    """The first of ``.targets``/``.labels`` that is set (:func:`is_array_dataset` saw one), as int64 class indices."""
+    attr = next(a for a in LABEL_ATTRS if getattr(obj, a, None) is not None)
+    value = getattr(obj, attr)
+    arr = _as_array(value)
+    arr = np.asarray(value) if arr is None else arr
+    if arr.shape != (n,) or arr.dtype.kind not in "iu":
+        raise ConfigError(f"{desc}.{attr}: {arr.dtype} {arr.shape}, where FastLoader needs {n} integer class indices, one per image")
+    if n and arr.min() < 0:
+        raise ConfigError(
+            f"{desc}.{attr}: label {int(arr.min())} is not a class index (an unlabelled split?); FastLoader "
+            "serves labelled images: use a labelled split"
+        )
+    return arr.astype(np.int64)
 
 
 def _plain(obj: Any) -> Any:

@@ -285,6 +285,13 @@ class _Shape:
             raise step.fail(f"padding_mode {mode!r} is not one of {', '.join(PAD_MODES)}")
         pad = _padding(step, t.padding, v2=type(t).__module__.startswith("torchvision.transforms.v2"))
         self.pad_crop = PadCrop(padding=pad, fill=_fill(step, t, st), mode=mode, pad_if_needed=bool(t.pad_if_needed))
+        if self.image is not None and not self.pad_crop.pad_if_needed:
+            h, w = self.image[0] + pad[1] + pad[3], self.image[1] + pad[0] + pad[2]
+            if min(h, w) < crop:
+                raise step.fail(
+                    f"the dataset's images, padded, are {h}x{w}, smaller than the {crop}x{crop} window (torchvision "
+                    "raises there too): give RandomCrop pad_if_needed=True, or a larger padding"
+                )
         self.crop, self.form, self.shape_step = crop, "train", step
         self.interpolation = "nearest"  # nothing is resized
 

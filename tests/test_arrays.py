@@ -284,3 +284,79 @@ def test_loader_dataset_items_are_the_batches_images(crop, cifar, tmp_path):
     assert images.shape == (20, 1, 28, 28)
     for i, item in items.items():
         assert torch.equal(item.to(images.dtype), images[i])
+
+
+def _is_window_of(got: np.ndarray, img, crop: T.RandomCrop, monkeypatch) -> bool:
+    """Whether the HWC ``got`` is one of torchvision's RandomCrop windows of ``img`` (flipped or not)."""
+    padded = _padded_by_torchvision(img, crop, monkeypatch)
+    windows = _windows(padded[..., None] if padded.ndim == 2 else padded, crop.size[0])
+    return len(np.argwhere((windows == got).all(axis=(3, 4, 5)))) >= 1  # a reflection's window may be another's mirror
+
+
+def test_refused_random_crops_and_their_advice_followed(cifar, tmp_path, monkeypatch):
+    def cifar_with(crop):
+        return CIFAR10(str(cifar), train=True, transform=T.Compose([crop, T.PILToTensor()]), download=False)
+
+    with pytest.raises(ConfigError, match=r"a padding of 40 pixels is more than the 31 .*use a padding of at most 31"):
+        _loader(cifar_with(T.RandomCrop(32, padding=40, padding_mode="reflect")), tmp_path)
+    crop = T.RandomCrop(32, padding=31, padding_mode="reflect")  # the advice
+    ds = cifar_with(crop)
+    got = next(iter(_loader(ds, tmp_path, 6)))[0].permute(0, 2, 3, 1).numpy()
+    assert all(_is_window_of(got[i], _without(ds)[i][0], crop, monkeypatch) for i in range(6))
+
+    with pytest.raises(ConfigError, match=r"padded, are 32x32, smaller than the 36x36 window.*pad_if_needed=True"):
+        _loader(cifar_with(T.RandomCrop(36)), tmp_path)
+    crop = T.RandomCrop(36, pad_if_needed=True)  # the advice
+    ds = cifar_with(crop)
+    got = next(iter(_loader(ds, tmp_path, 6)))[0].permute(0, 2, 3, 1).numpy()
+    assert all(_is_window_of(got[i], _without(ds)[i][0], crop, monkeypatch) for i in range(6))
+
+
+def test_packed_images_of_several_sizes_with_random_crop(tmp_path, monkeypatch):
+    """A packed dataset of two sizes: what a per-image padding cannot build is refused, with advice that works."""
+    images = [index_images(1, (24, 30, 3), seed=k)[0] if k % 2 else index_images(1, (36, 28, 3), seed=k)[0] for k in range(8)]
+    from PIL import Image
+
+    from fastload.packing.run import pack_like_pil_loader
+
+    items = [(Image.fromarray(im), k % 2) for k, im in enumerate(images)]
+    pack_like_pil_loader(items, tmp_path / "out", classes=["a", "b"], workers=1, progress=False)  # lossless
+    tf = T.Compose([T.RandomCrop(40, pad_if_needed=True, padding_mode="reflect"), T.PILToTensor()])
+    with pytest.raises(ConfigError, match=r"need different padding; use padding_mode='constant'"):
+        fastload.FastLoader(tmp_path / "out", batch_size=4, transform=tf, progress=False, num_threads=1)
+    crop = T.RandomCrop(40, pad_if_needed=True)  # the advice
+    fl = fastload.FastLoader(tmp_path / "out", batch_size=4, transform=T.Compose([crop, T.PILToTensor()]), progress=False, num_threads=1, shuffle=False)
+    got = torch.cat([b for b, _ in fl]).permute(0, 2, 3, 1).numpy()
+    assert all(_is_window_of(got[i], items[i][0], crop, monkeypatch) for i in range(8))
+
+    fl = fastload.FastLoader(tmp_path / "out", batch_size=4, transform=T.Compose([T.RandomCrop(30), T.PILToTensor()]),
+                             progress=False, num_threads=1)  # fmt: skip
+    with pytest.raises(fastload.LoaderError, match=r"its (30x24|28x36) image, padded, is smaller than RandomCrop's 30x30 window.*pad_if_needed=True"):
+        list(fl)
+    crop = T.RandomCrop(30, pad_if_needed=True)  # the advice
+    fl = fastload.FastLoader(tmp_path / "out", batch_size=4, transform=T.Compose([crop, T.PILToTensor()]), progress=False, num_threads=1, shuffle=False)
+    got = torch.cat([b for b, _ in fl]).permute(0, 2, 3, 1).numpy()
+    assert all(_is_window_of(got[i], items[i][0], crop, monkeypatch) for i in range(8))
+
+
+def test_unlabelled_and_badly_labelled_arrays_are_refused_and_the_advice_works(tmp_path, monkeypatch):
+    folder = tmp_path / "stl10_binary"
+    folder.mkdir()
+    (folder / "unlabeled_X.bin").write_bytes(index_images(4, (3, 96, 96), seed=1).tobytes())
+    (folder / "test_X.bin").write_bytes(index_images(4, (3, 96, 96), seed=2).tobytes())
+    (folder / "test_y.bin").write_bytes(bytes([1, 2, 3, 4]))
+    for name in ("train_X.bin", "train_y.bin"):
+        (folder / name).write_bytes(b"")
+    monkeypatch.setattr(STL10, "train_list", [[n, None] for n in ("train_X.bin", "train_y.bin", "unlabeled_X.bin")])
+    monkeypatch.setattr(STL10, "test_list", [["test_X.bin", None], ["test_y.bin", None]])
+    tf = T.PILToTensor()
+    with pytest.raises(ConfigError, match=r"STL10\(.*\)\.labels: label -1 is not a class index.*use a labelled split"):
+        _loader(STL10(str(tmp_path), split="unlabeled", transform=tf), tmp_path)
+    assert _same_batches(STL10(str(tmp_path), split="test", transform=tf), tmp_path, exact=True, batch_size=4) == 4
+
+    ds = Strips(6, transform=T.Compose([T.CenterCrop(24), tf]))
+    ds.targets = [float(t) for t in ds.targets]
+    with pytest.raises(ConfigError, match=r"\.targets: float64 \(6,\), where FastLoader needs 6 integer class indices"):
+        _loader(ds, tmp_path)
+    ds.targets = [int(t) for t in ds.targets]  # the advice
+    assert _same_batches(ds, tmp_path, exact=True, batch_size=3) == 6
