@@ -303,7 +303,9 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
     ``(encoded uint8 arrays, anchors float32 [x, y], shapes float32 [w, h], flips int32)``
     when training (without the flips when ``host_finish``; followed by the stage's inputs when
     ``spec.stage``) and ``(encoded uint8 arrays, resized sizes float32 [h, w], crop corners
-    float32 [x, y])`` for evaluation (see :func:`fastload.augment.eval_params`), or raises
+    float32 [x, y])`` for evaluation (see :func:`fastload.augment.eval_params`); with ``spec.pad_crop``
+    (torchvision's RandomCrop) the anchors and shapes are the windows of the padded image, decoded
+    whole (:func:`fastload.augment.padcrop.pad_window`, not resized); or raises
     ``StopIteration`` at the end of an epoch. Returns the built pipeline, whose single output
     is the image batch.
     """
