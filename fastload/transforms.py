@@ -236,6 +236,7 @@ class _State:
         self.crop: int | None = None  # the training crop's side (set before each step)
         self.form: str | None = None  # the geometric form so far (set before each step)
         self.ordered = False  # jitter and grayscale are stages of the chain policy, in the user's order
+        self.channels = 3  # the image's channels: 1 for a grayscale dataset's, until a Grayscale(3)
 
 
 def _convert_dtype(step: _Step, st: _State, dtype: Any, scale: bool, tv: Kinds) -> None:
@@ -633,6 +634,9 @@ def _chain(step: _Step, t: Any, tv: Kinds, st: _State, kind: str) -> None:
 
 def _grayscale(step: _Step, t: Any, tv: Kinds, st: _State, kind: str, p: float = 1.0) -> None:
     """``RandomGrayscale``/``Grayscale(3)``: the grayscale after the jitter, or a chain stage in the user's order."""
+    if kind == "gray_fixed" and p == 1.0 and st.channels == 1:  # a grayscale image's gray is itself, in 1 or 3 channels
+        st.channels = getattr(t, "num_output_channels", 1)
+        return
     if getattr(t, "num_output_channels", 3) != 3:
         raise step.fail("Grayscale with one output channel: FastLoader batches are RGB; use num_output_channels=3")
     p = p * (1.0 if kind == "gray_fixed" else float(getattr(t, "p", 0.1)))
@@ -733,7 +737,7 @@ def _result(transform: Any, shape: _Shape, st: _State, tv: Kinds) -> "Augment":
         trivial=None if st.trivial is None else st.trivial[0],
         policy=None if st.policy is None else st.policy[0],
         pad_crop=shape.pad_crop,
-        channels=3 if shape.image is None else shape.image[2],
+        channels=st.channels,
     )
 
 
@@ -771,6 +775,7 @@ def translate(transform: Any, *, image: tuple[int, int, int] | None = None) -> "
         raise ConfigError(f"transform {_name(transform)} is empty; FastLoader batches need one size: use {_TRAIN_HINT}")
     shape, st = _Shape(), _State()
     shape.image = None if image is None else (int(image[0]), int(image[1]), int(image[2]))
+    st.channels = 3 if shape.image is None else shape.image[2]
     geometry = {
         "rrc": shape.rrc, "resize": shape.resize_step, "center": shape.center, "flip": shape.flip_step_,
         "random_crop": shape.random_crop,

@@ -360,3 +360,13 @@ def test_unlabelled_and_badly_labelled_arrays_are_refused_and_the_advice_works(t
         _loader(ds, tmp_path)
     ds.targets = [int(t) for t in ds.targets]  # the advice
     assert _same_batches(ds, tmp_path, exact=True, batch_size=3) == 6
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_grayscale_steps_on_a_grayscale_dataset(channels, tmp_path):
+    """MNIST's L images through Grayscale(n): n channels, as torchvision gives them."""
+    write_mnist(tmp_path / "data", n_train=1, n_test=12)
+    tf = T.Compose([T.Grayscale(channels), T.ToTensor(), T.Normalize((0.5,), (0.25,))])
+    ds = MNIST(str(tmp_path / "data"), train=False, transform=tf)
+    assert _same_batches(ds, tmp_path, exact=False, batch_size=6) == 12
+    assert next(iter(_loader(ds, tmp_path, 6)))[0].shape == (6, channels, 28, 28)
