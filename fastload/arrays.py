@@ -105,6 +105,9 @@ def _plain(obj: Any) -> Any:
 class ArrayItems:
     """The dataset's ``(PIL image, label)`` items without its transforms, each checked as it is read."""
 
+    #: What to do when an item is not what the first was (the cache's error says it).
+    ADVICE = ""
+
     def __init__(self, obj: Any, labels: np.ndarray, desc: str, mode: str, size: tuple[int, int]) -> None:
         self.plain, self.labels, self.desc, self.mode, self.size = _plain(obj), labels, desc, mode, size
 
@@ -172,11 +175,15 @@ def array_files(obj: Any, desc: str, root: str | None) -> Any:
     try:
         image, label = plain[0][:2]
     except Exception as e:  # noqa: BLE001 - the dataset's own error, shown
-        raise ConfigError(f"{desc}[0] without its transform failed ({type(e).__name__}: {printable(str(e))[:120]}); {_ROUTE}") from None
+        raise ConfigError(f"{desc}[0] without its transform raises {type(e).__name__}: {printable(str(e))[:120]}") from None
     mode = getattr(image, "mode", None)
-    if mode not in MODES:
-        why = f"a {mode} image" if mode is not None else f"a {type(image).__name__}, not a PIL image"
-        raise ConfigError(f"{desc}[0] without its transform is {why}; FastLoader serves RGB and L (grayscale) images; {_ROUTE}")
+    if mode is not None and mode not in MODES:
+        raise ConfigError(
+            f"{desc}[0] without its transform is a {printable(str(mode))} image, and FastLoader's batches hold RGB or "
+            "grayscale (L) images: keep the dataset's .data as RGB (or grayscale) images"
+        )
+    if mode is None:
+        raise ConfigError(f"{desc}[0] without its transform is a {type(image).__name__}, not a PIL image; {_ROUTE}")
     why = _item_problem(image, label, int(labels[0]), mode, image.size)
     if why is not None:
         raise ConfigError(f"{desc}[0] without its transform: {why}; {_ROUTE}")
@@ -195,3 +202,4 @@ _ROUTE = (
     "pack its images once with fastload.pack_dataset(dataset, OUT) after setting dataset.transform = None, and pass "
     "FastLoader(OUT, batch_size, transform=the transform)"
 )
+ArrayItems.ADVICE = f"every item must be a {' or '.join(MODES)} PIL image of the first one's size with its label array's label; {_ROUTE}"

@@ -576,6 +576,8 @@ def _pack(files: FileList, entry: Path, progress: bool, *, private: bool) -> Non
                     items = _FileBytes(files) if files.items is None else files.items
                     pack_like_pil_loader(items, staging, classes=files.classes, on_error="fail", progress=progress, **kw)
             except BadImageError as e:
+                if files.items is not None:  # an array dataset (fastload.arrays)
+                    raise PackError(f"{files.desc}: {e}; {files.items.ADVICE}") from None
                 raise PackError(
                     f"{files.desc}: {e}; FastLoader keeps every sample of a torchvision dataset at its own index, "
                     "so it packs all of them or none: fix or remove that file, or pack the folder with "

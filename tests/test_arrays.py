@@ -232,7 +232,7 @@ def test_non_square_image_without_a_crop_is_refused_and_the_advice_works(tmp_pat
     assert _same_batches(ds, tmp_path, exact=False, batch_size=6) == 20
 
 
-class ArrayItems(CIFAR10):
+class NumpyItems(CIFAR10):
     """A CIFAR10 whose items are NumPy arrays: not the PIL images the cache stores."""
 
     def __getitem__(self, i):
@@ -240,10 +240,33 @@ class ArrayItems(CIFAR10):
         return (np.asarray(img) if self.transform is None else img), target
 
 
-def test_items_that_are_not_images_are_refused_and_the_advice_works(cifar, tmp_path):
+class Short(CIFAR10):
+    """A CIFAR10 whose length is not its array's."""
+
+    def __len__(self):
+        return 15
+
+
+class Relabelled(CIFAR10):
+    """A CIFAR10 whose item 5 has another label than its label array's."""
+
+    def __getitem__(self, i):
+        img, target = super().__getitem__(i)
+        return img, (target + 1) % 10 if i == 5 else target
+
+
+@pytest.mark.parametrize(
+    "cls,error,why",
+    [
+        (NumpyItems, ConfigError, r"\[0\] without its transform is a ndarray, not a PIL image"),
+        (Short, ConfigError, r"len\(dataset\) is 15 but .data holds 20 images"),
+        (Relabelled, fastload.PackError, r"\[5\] without its transform: its label \d is not the label array's \d.*every item must be"),
+    ],
+)
+def test_items_the_cache_cannot_store_are_refused_and_the_advice_works(cls, error, why, cifar, tmp_path):
     tf = T.Compose([T.ToTensor(), NORM])
-    ds = ArrayItems(str(cifar), train=False, transform=tf, download=False)
-    with pytest.raises(ConfigError, match=r"is a ndarray, not a PIL image") as e:
+    ds = cls(str(cifar), train=False, transform=tf, download=False)
+    with pytest.raises(error, match=why) as e:
         _loader(ds, tmp_path)
     assert "fastload.pack_dataset(dataset, OUT) after setting dataset.transform = None" in str(e.value)
     ds.transform = None  # the advice, followed
@@ -254,6 +277,15 @@ def test_items_that_are_not_images_are_refused_and_the_advice_works(cifar, tmp_p
         assert torch.equal(la, lb)
         assert a.shape == b.shape  # stored as JPEG by pack_dataset: the same noise, blurred
         assert np.corrcoef(a.mean(1).flatten().numpy(), b.mean(1).flatten().numpy())[0, 1] > 0.8  # another image: about 0
+
+
+def test_four_channel_arrays_are_refused_and_the_advice_works(tmp_path):
+    ds = Strips(6, transform=T.Compose([T.CenterCrop(24), T.PILToTensor()]))
+    ds.data = np.concatenate([ds.data, np.full(ds.data.shape[:3] + (1,), 255, np.uint8)], axis=3)  # RGBA
+    with pytest.raises(ConfigError, match=r"is a RGBA image.*keep the dataset's .data as RGB"):
+        _loader(ds, tmp_path)
+    ds.data = ds.data[..., :3]  # the advice
+    assert _same_batches(ds, tmp_path, exact=True, batch_size=3) == 6
 
 
 def test_changed_arrays_are_packed_again(tmp_path):
@@ -370,3 +402,30 @@ def test_grayscale_steps_on_a_grayscale_dataset(channels, tmp_path):
     ds = MNIST(str(tmp_path / "data"), train=False, transform=tf)
     assert _same_batches(ds, tmp_path, exact=False, batch_size=6) == 12
     assert next(iter(_loader(ds, tmp_path, 6)))[0].shape == (6, channels, 28, 28)
+
+
+def test_a_packed_dataset_without_recorded_sizes_and_the_advice_followed(tmp_path, monkeypatch):
+    import json
+
+    from PIL import Image
+
+    from fastload.packing.run import pack_like_pil_loader
+
+    items = [(Image.fromarray(im), k % 2) for k, im in enumerate(index_images(6, (20, 20, 3), seed=4))]
+    pack_like_pil_loader(items, tmp_path / "out", classes=["a", "b"], workers=1, progress=False)
+    manifest = tmp_path / "out" / "manifest.json"
+    m = json.loads(manifest.read_text())
+    del m["stats"]["width"], m["stats"]["height"]  # as a dataset packed without them
+    manifest.write_text(json.dumps(m))
+    crop = T.RandomCrop(20, padding=3, padding_mode="symmetric")
+    kw = dict(batch_size=3, transform=T.Compose([crop, T.PILToTensor()]), progress=False, num_threads=1, shuffle=False)
+    with pytest.raises(ConfigError, match=r"records no image sizes .*pack it again"):
+        fastload.FastLoader(tmp_path / "out", **kw)
+    fastload.pack_dataset(items, tmp_path / "again", classes=["a", "b"], workers=1, progress=False)  # the advice
+    batches = list(fastload.FastLoader(tmp_path / "again", **kw))
+    assert torch.cat([y for _, y in batches]).tolist() == [k % 2 for k in range(6)]
+    assert torch.cat([x for x, _ in batches]).shape == (6, 3, 20, 20)
+    # (pack_dataset stores JPEGs: the windows' pixels are checked on a lossless pack)
+    pack_like_pil_loader(items, tmp_path / "lossless", classes=["a", "b"], workers=1, progress=False)
+    got = torch.cat([b for b, _ in fastload.FastLoader(tmp_path / "lossless", **kw)]).permute(0, 2, 3, 1).numpy()
+    assert all(_is_window_of(got[i], items[i][0], crop, monkeypatch) for i in range(6))

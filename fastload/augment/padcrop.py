@@ -92,7 +92,10 @@ def static_pads(pc: PadCrop, crop: int, stats: Mapping[str, Any]) -> tuple[int, 
     lo = [side[k].get("min") for k in ("width", "height")]
     hi = [side[k].get("max") for k in ("width", "height")]
     if None in lo or None in hi:
-        raise ConfigError(f"RandomCrop with padding_mode={pc.mode!r}: the dataset records no image sizes; repack it")
+        raise ConfigError(
+            f"RandomCrop with padding_mode={pc.mode!r}: the packed dataset records no image sizes (its manifest's "
+            "stats); pack it again (fastload pack, fastload.pack_dataset), which records them"
+        )
     if pc.pad_if_needed:
         ex = [max(crop - (v + a + b), 0) for v, a, b in ((lo[0], left, right), (lo[1], top, bottom))]
         ex_hi = [max(crop - (v + a + b), 0) for v, a, b in ((hi[0], left, right), (hi[1], top, bottom))]
