@@ -548,6 +548,10 @@ class FastLoader:
         given there. Returns the view's new settings; a ConfigError leaves everything as it was.
         """
         augment = Augment.merged(_translated(transform, self._image) or Augment(), self._given)
+        if augment.pad_crop is not None and augment.pad_crop.mode != "constant":  # its refusal before any change
+            from .augment.padcrop import static_pads
+
+            static_pads(augment.pad_crop, augment.crop, self.packed.manifest.stats or {})
         with self._iter_lock:
             old = self._core
             self._keep_augment(augment)

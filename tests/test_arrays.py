@@ -429,3 +429,14 @@ def test_a_packed_dataset_without_recorded_sizes_and_the_advice_followed(tmp_pat
     pack_like_pil_loader(items, tmp_path / "lossless", classes=["a", "b"], workers=1, progress=False)
     got = torch.cat([b for b, _ in fastload.FastLoader(tmp_path / "lossless", **kw)]).permute(0, 2, 3, 1).numpy()
     assert all(_is_window_of(got[i], items[i][0], crop, monkeypatch) for i in range(6))
+
+
+def test_a_random_crop_assigned_later_is_translated_or_refused_leaving_the_loader_as_it_was(cifar, tmp_path):
+    ds = CIFAR10(str(cifar), train=True, transform=T.PILToTensor(), download=False)
+    fl = _loader(ds, tmp_path, 20)
+    with pytest.raises(ConfigError, match=r"a padding of 40 pixels is more than the 31"):
+        fl.dataset.transform = T.Compose([T.RandomCrop(32, padding=40, padding_mode="reflect"), T.PILToTensor()])
+    assert fl.augment.pad_crop is None and torch.equal(next(iter(fl))[0], torch.from_numpy(ds.data[:20]).permute(0, 3, 1, 2))
+    crop = T.RandomCrop(32, padding=4, padding_mode="edge")
+    fl.dataset.transform = T.Compose([crop, T.PILToTensor()])
+    assert fl.augment.pad_crop.mode == "edge" and next(iter(fl))[0].shape == (20, 3, 32, 32)
