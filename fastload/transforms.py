@@ -285,7 +285,9 @@ class _Shape:
         if mode not in PAD_MODES:
             raise step.fail(f"padding_mode {mode!r} is not one of {', '.join(PAD_MODES)}")
         pad = _padding(step, t.padding, v2=type(t).__module__.startswith("torchvision.transforms.v2"))
-        self.pad_crop = PadCrop(padding=pad, fill=_fill(step, t, st), mode=mode, pad_if_needed=bool(t.pad_if_needed))
+        used = mode == "constant" and (any(pad) or bool(t.pad_if_needed))  # torchvision reads fill only then
+        fill = _fill(step, t, st) if used else (0.0, 0.0, 0.0)
+        self.pad_crop = PadCrop(padding=pad, fill=fill, mode=mode, pad_if_needed=bool(t.pad_if_needed))
         if self.image is not None and not self.pad_crop.pad_if_needed:
             h, w = self.image[0] + pad[1] + pad[3], self.image[1] + pad[0] + pad[2]
             if min(h, w) < crop:

@@ -222,6 +222,9 @@ def test_random_crop_padding_and_fill_as_torchvision_reads_them():
     # the advice followed: before ToTensor(), the PIL image's fill
     a = translate(T.Compose([T.RandomCrop(32, padding=4, fill=128), T.ToTensor()]))
     assert a.pad_crop.fill == (128.0, 128.0, 128.0)
+    # a fill torchvision does not use (another padding mode, no padding) is not read
+    for crop in (T.RandomCrop(32, padding=4, padding_mode="reflect"), T.RandomCrop(24)):
+        assert translate(T.Compose([T.ToTensor(), NORM, crop])).pad_crop.fill == (0.0, 0.0, 0.0)
 
 
 def test_non_square_image_without_a_crop_is_refused_and_the_advice_works(tmp_path):
