@@ -443,3 +443,23 @@ def test_a_random_crop_assigned_later_is_translated_or_refused_leaving_the_loade
     crop = T.RandomCrop(32, padding=4, padding_mode="edge")
     fl.dataset.transform = T.Compose([crop, T.PILToTensor()])
     assert fl.augment.pad_crop.mode == "edge" and next(iter(fl))[0].shape == (20, 3, 32, 32)
+
+
+def test_random_crop_on_the_normalised_tensor_is_torchvisions(cifar, tmp_path, monkeypatch):
+    """RandomCrop after ToTensor() and Normalize (torchvision pads the tensor): the same windows, in float."""
+    crop = T.RandomCrop(32, padding=4, padding_mode="reflect")
+    tensor_tf = T.Compose([T.ToTensor(), NORM, crop, T.RandomHorizontalFlip()])
+    ds = CIFAR10(str(cifar), train=True, transform=tensor_tf, download=False)
+    got = next(iter(_loader(ds, tmp_path, 10, seed=9)))[0]
+    ds.transform = T.Compose([crop, T.RandomHorizontalFlip(), T.PILToTensor()])  # the same draws, in uint8
+    raw = next(iter(_loader(ds, tmp_path, 10, seed=9)))[0].permute(0, 2, 3, 1).numpy()
+    plain = _without(ds)
+    for i in range(10):
+        img = plain[i][0]
+        padded = _padded_by_torchvision(img, crop, monkeypatch)
+        (top, left, flip), *_ = np.argwhere((_windows(padded, 32) == raw[i]).all(axis=(3, 4, 5)))
+        with monkeypatch.context() as m:  # torchvision's own tensor path at that offset
+            m.setattr(T.RandomCrop, "get_params", staticmethod(lambda im, size, t=top, x=left: (t, x, 32, 32)))
+            want = T.Compose([T.ToTensor(), NORM, crop])(img)
+        want = want.flip(-1) if flip else want
+        assert (got[i] - want).abs().max().item() <= 1e-5
