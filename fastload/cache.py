@@ -123,6 +123,11 @@ class FileList:
         self.labels = labels
         self.classes = classes
         self.stored_classes = [stored_name(c) for c in classes]
+        # an array dataset's (fastload.arrays): its (image, label) items, packed in place of the files; the
+        # digest of its arrays, the entry's key in place of the files' stat; (height, width, channels)
+        self.items: Any = None
+        self.digest: str | None = None
+        self.image: tuple[int, int, int] | None = None
 
 
 def describe(dataset: Any) -> tuple[str, str | None]:
@@ -351,6 +356,9 @@ def _key(files: FileList) -> str:
     h = hashlib.sha256()
     head = {"cache": CACHE_VERSION, "format": FORMAT_VERSION, "classes": files.stored_classes, "samples": len(files.paths)}
     h.update(json.dumps(head, ensure_ascii=True).encode())
+    if files.digest is not None:
+        h.update(f"arrays\0{files.digest}".encode())
+        return h.hexdigest()
     for p, lab in zip(files.paths, files.labels):
         try:
             st = os.stat(p)
@@ -555,7 +563,7 @@ def _pack(files: FileList, entry: Path, progress: bool, *, private: bool) -> Non
         if stat.S_ISDIR(os.lstat(staging).st_mode):  # a pack that finished but was not verified and renamed
             remove_dataset_dir(staging)  # fastload's own files only
     try:
-        why = _list_file(files, list_path)
+        why = _list_file(files, list_path) if files.items is None else "an array dataset's images"
         as_list = why is None
         if not as_list:
             log.info("%s: packing its files as a dataset of bytes (%s)", files.desc, why)
@@ -565,8 +573,11 @@ def _pack(files: FileList, entry: Path, progress: bool, *, private: bool) -> Non
                 if as_list:
                     pack_like_pil_loader(list_path, staging, on_error="fail", progress=progress, **kw)
                 else:
-                    pack_like_pil_loader(_FileBytes(files), staging, classes=files.classes, on_error="fail", progress=progress, **kw)
+                    items = _FileBytes(files) if files.items is None else files.items
+                    pack_like_pil_loader(items, staging, classes=files.classes, on_error="fail", progress=progress, **kw)
             except BadImageError as e:
+                if files.items is not None:  # an array dataset (fastload.arrays)
+                    raise PackError(f"{files.desc}: {e}; {files.items.ADVICE}") from None
                 raise PackError(
                     f"{files.desc}: {e}; FastLoader keeps every sample of a torchvision dataset at its own index, "
                     "so it packs all of them or none: fix or remove that file, or pack the folder with "

@@ -133,7 +133,12 @@ class Core:
         # CPU training batches are resized and normalised on the host (faster than DALI's CPU resize), unless
         # they are augmented: then the whole graph runs in DALI, as on a GPU (beside a training loop's Python
         # the host finish's per-image GIL hand-offs cost 5x: measured, benchmarks/results/augment-*)
-        self.host_finish = self.device.type == "cpu" and self.train and self.stage is None
+        self.host_finish = self.device.type == "cpu" and self.train and self.stage is None and augment.pad_crop is None
+        self.pads = (0, 0, 0, 0)  # what the graph pads a RandomCrop's image by (its non-constant modes)
+        if augment.pad_crop is not None and augment.pad_crop.mode != "constant":
+            from .augment.padcrop import static_pads
+
+            self.pads = static_pads(augment.pad_crop, self.crop, self.dataset.manifest.stats or {})
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.pipe: Any = None
         self.run: Any = None  # the fastload.epochs.EpochRun producing now
@@ -239,6 +244,9 @@ class Core:
             host_finish=self.host_finish,
             interpolation=self.interpolation,
             stage=self.stage,
+            pad_crop=self.augment.pad_crop,
+            pads=self.pads,
+            channels=self.augment.channels,
             # the mixed decoder's buffers, sized from the dataset's recorded image sizes
             **decoder_sizing(self.dataset.manifest.stats, max_pixels=self.dataset.manifest.max_pixels).fields(),
         )
@@ -281,6 +289,8 @@ class Core:
             self._refuse_huge_resizes(run, batch, enc, widths, heights, sizes, corners)
             return (encoded_batch(enc), sizes, corners)
         a = self.augment
+        if a.pad_crop is not None:
+            return self._pad_crop_feed(run, batch, enc, widths, heights)
         boxes, flips = train_params(
             widths, heights, seed=self.seed, epoch=run.epoch, positions=batch.positions,
             scale=a.scale, ratio=a.ratio, flip=a.flip,
@@ -294,6 +304,27 @@ class Core:
         if self.stage is not None:
             return (encoded_batch(enc), anchors, shapes, flips, *self.stage_feed(run.epoch, batch.positions))
         return (encoded_batch(enc), anchors, shapes, flips)
+
+    def _pad_crop_feed(self, run: Any, batch: Any, enc: list, widths, heights) -> tuple:
+        """A RandomCrop batch's inputs: the windows' corners (:func:`~fastload.augment.padcrop.pad_crop_params`)."""
+        from .augment.padcrop import pad_crop_params
+
+        a = self.augment
+        corners, flips, small = pad_crop_params(
+            widths, heights, pc=a.pad_crop, crop=self.crop, seed=self.seed, epoch=run.epoch, positions=batch.positions,
+            flip=a.flip,
+        )  # fmt: skip
+        for k in np.flatnonzero(small).tolist():  # torchvision raises there: so does the batch, at its turn
+            if batch.number not in run.errors:
+                run.errors[batch.number] = LoaderError(
+                    f"{self.dataset.where(int(batch.indices[k]))}: its {int(widths[k])}x{int(heights[k])} image, padded, "
+                    f"is smaller than RandomCrop's {self.crop}x{self.crop} window (torchvision raises too); give "
+                    "RandomCrop pad_if_needed=True"
+                )
+        shapes = np.full((len(flips), 2), float(self.crop), dtype=np.float32)
+        if self.stage is not None:
+            return (encoded_batch(enc), corners, shapes, flips, *self.stage_feed(run.epoch, batch.positions))
+        return (encoded_batch(enc), corners, shapes, flips)
 
     def stage_feed(self, epoch: int, positions: np.ndarray) -> list:
         """The augmentation stage's inputs for one batch (:meth:`fastload.augment.stage.GraphStage.feed`)."""

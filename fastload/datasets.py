@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .arrays import array_files, is_array_dataset
 from .cache import FileList, check_reproducible, describe, file_list, pack_files
 from .errors import ConfigError, printable
 from .reader import Dataset
@@ -139,6 +140,9 @@ def _walk(obj: Any, where: str, leaves: list[_Leaf], depth: int = 0) -> tuple[np
             leaves.append(_Leaf(obj, where, file_list(obj)))
         except ConfigError as e:
             raise (e if depth == 0 else ConfigError(f"{where}: {e}")) from None
+    elif is_array_dataset(obj):  # CIFAR10, MNIST, SVHN...: its images without its transform
+        desc, root = describe(obj)
+        leaves.append(_Leaf(obj, where, array_files(obj, where if depth else desc, root)))
     else:
         raise _refuse(obj, where)
     k = len(leaves) - 1
@@ -183,8 +187,14 @@ class DatasetPlan:
         self.root = next((str(r) for r in roots if r is not None), "")
 
     @property
+    def image(self) -> tuple[int, int, int] | None:
+        """``(height, width, channels)`` of every image, when all come from array datasets of that size; else None."""
+        sizes = {lf.files.image if lf.files is not None else None for lf in self._leaves}
+        return sizes.pop() if len(sizes) == 1 else None
+
+    @property
     def samples(self) -> list[tuple[str, int]] | None:
-        if any(lf.files is None for lf in self._leaves):
+        if any(lf.files is None or lf.files.items is not None for lf in self._leaves):
             return None
         own = [lf.obj.samples for lf in self._leaves]
         return [(own[k][j][0], int(own[k][j][1])) for k, j in zip(self._which.tolist(), self._index.tolist())]

@@ -35,6 +35,7 @@ from .dlcompat import DetachedEpoch, LoaderBatchSampler, RankSampler, SamplerPla
 from .epochs import EpochIterator, EpochRun, start_epoch
 from .errors import ConfigError, LoaderError, as_int
 from .pipeline import find_dali
+from .arrays import packed_image
 from .composite import DatasetView
 from .reader import Dataset
 from .remote.url import is_url
@@ -154,6 +155,7 @@ class _Source:
         self.kind, self.obj = kind, obj
         self.settings = settings or {}
         self.transform, self.target_transform = transform, target_transform
+        self.image: tuple[int, int, int] | None = None  # (height, width, channels) of every image, where known
 
     def open(self, *, check: bool, cache_dir: Any, progress: bool, remote: dict | None = None) -> Dataset:
         if self.kind == "dataset":
@@ -172,13 +174,13 @@ def _is_torch_dataset(obj: Any) -> bool:
     return isinstance(obj, torch.utils.data.Dataset) or hasattr(obj, "samples")
 
 
-def _translated(transform: Any) -> Augment | None:
-    """``transform`` (an Augment or a torchvision transform) as an Augment; None stays None."""
+def _translated(transform: Any, image: tuple[int, int, int] | None = None) -> Augment | None:
+    """``transform`` (an Augment, or a torchvision transform translated knowing ``image``, every image's size) as an Augment."""
     if transform is None or isinstance(transform, Augment):
         return transform
     from .transforms import translate
 
-    return translate(transform)
+    return translate(transform, image=image)
 
 
 def _remote_options(dataset: Any, **options: Any) -> dict[str, Any]:
@@ -189,10 +191,12 @@ def _remote_options(dataset: Any, **options: Any) -> dict[str, Any]:
 
 
 def _resolve_source(dataset: Any, transform: Any) -> _Source:
-    if isinstance(dataset, (str, os.PathLike)):
-        return _Source("path", dataset, _translated(transform), transform)
-    if isinstance(dataset, Dataset):
-        return _Source("dataset", dataset, _translated(transform), transform)
+    if isinstance(dataset, (str, os.PathLike, Dataset)):
+        image = packed_image(dataset) if transform is not None and not isinstance(transform, Augment) else None
+        kind = "dataset" if isinstance(dataset, Dataset) else "path"
+        source = _Source(kind, dataset, _translated(transform, image), transform)
+        source.image = image
+        return source
     if isinstance(dataset, LoaderDataset):
         if transform is not None:
             return _Source("view", dataset, _translated(transform), transform, dataset.target_transform)
@@ -204,7 +208,9 @@ def _resolve_source(dataset: Any, transform: Any) -> _Source:
         plan = plan_dataset(dataset)  # ConfigError naming what cannot be reproduced, before any work
         if transform is None:
             transform = plan.transform  # None: FastLoader's defaults
-        return _Source("torchvision", plan, _translated(transform), transform, plan.target_transform)
+        source = _Source("torchvision", plan, _translated(transform, plan.image), transform, plan.target_transform)
+        source.image = plan.image
+        return source
     raise ConfigError(
         f"dataset must be a packed dataset directory, a fastload.Dataset, a torchvision ImageFolder/DatasetFolder "
         f"of image files (or a Subset/ConcatDataset of them), got {type(dataset).__name__}; pack other datasets "
@@ -453,7 +459,7 @@ class FastLoader:
             "pad": pad, "order": order, "block_size": block_size, "window": window, "hw_decoder_load": hw_decoder_load,
             "check": check, "target_transform": target_transform, **(packed.remote.options if getattr(packed, "remote", None) else {}), **({"fields": fields, "pad_to": pad_to} if fields is not None else {}),
         }  # fmt: skip
-        self._given = {k: v for k, v in given.items() if _given(k, v)}  # they override a transform assigned later
+        self._given, self._image = {k: v for k, v in given.items() if _given(k, v)}, source.image  # for _retransform
         self.dataset = LoaderDataset(
             packed, labels=self._labels, epoch=self._epoch_box.get, transform=source.transform,
             target_transform=target_transform, origin=_origin(source),
@@ -532,7 +538,8 @@ class FastLoader:
         """The image settings ``loader.dataset`` processes its items with."""
         return {"train": self.train, "crop": self.crop, "resize": self.resize, "scale": self.scale,
                 "ratio": self.ratio, "flip": self.flip, "mean": self.mean, "std": self.std, "seed": self.seed,
-                "interpolation": self.augment.interpolation}  # fmt: skip
+                "interpolation": self.augment.interpolation, "pad_crop": self.augment.pad_crop,
+                "channels": self.augment.channels}  # fmt: skip
 
     def _retransform(self, transform: Any) -> dict[str, Any]:
         """``loader.dataset.transform = transform``: run it from the next ``iter()`` on (a new pipeline).
@@ -540,7 +547,11 @@ class FastLoader:
         The flat keywords given to the constructor still override it, as they override a transform
         given there. Returns the view's new settings; a ConfigError leaves everything as it was.
         """
-        augment = Augment.merged(_translated(transform) or Augment(), self._given)
+        augment = Augment.merged(_translated(transform, self._image) or Augment(), self._given)
+        if augment.pad_crop is not None and augment.pad_crop.mode != "constant":  # its refusal before any change
+            from .augment.padcrop import static_pads
+
+            static_pads(augment.pad_crop, augment.crop, self.packed.manifest.stats or {})
         with self._iter_lock:
             old = self._core
             self._keep_augment(augment)

@@ -111,6 +111,11 @@ class GraphSpec:
     preallocate_height_hint: int = 0
     # training: the augmentation stage (fastload.augment.stage.GraphStage) between the crop and the normalisation, or None
     stage: Any = None
+    # training: torchvision's RandomCrop (fastload.augment.padcrop.PadCrop) in place of the resized crop, or None;
+    # pads: the (left, top, right, bottom) padding its non-constant modes build (fastload.augment.padcrop.static_pads)
+    pad_crop: Any = None
+    pads: tuple[int, int, int, int] = (0, 0, 0, 0)
+    channels: int = 3  # 1: the first channel only (grayscale datasets)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,6 +266,7 @@ def _normalise_kw(spec: GraphSpec) -> dict:
     """``crop_mirror_normalize``'s mean, std, dtype and layout for ``spec``."""
     _, _, types = import_dali()
     mean, std = ([0.0, 0.0, 0.0], [1.0, 1.0, 1.0]) if spec.mean is None else (list(spec.mean), list(spec.std))
+    mean, std = mean[: spec.channels], std[: spec.channels]
     out_dtype = {"float32": types.FLOAT, "float16": types.FLOAT16, "uint8": types.UINT8}[spec.out_dtype]
     return {"mean": mean, "std": std, "dtype": out_dtype, "output_layout": "HWC" if spec.channels_last else "CHW"}
 
@@ -269,11 +275,19 @@ def _augmented(spec: GraphSpec, img: Any, inputs: Sequence[Any], device: str) ->
     """The stage's operations on the uint8 HWC crops ``img``, normalised, then erased (its ``inputs`` as fed)."""
     _, fn, _ = import_dali()
     stage = spec.stage
-    img = stage.apply(img, inputs)
+    img = _channels(spec, stage.apply(img, inputs), device)
     kw = _normalise_kw(spec)
     img = fn.crop_mirror_normalize(img, device=device, **kw)
     value = stage.erasing.value if stage.erasing is not None else ()
     return stage.erase(img, inputs, layout=kw["output_layout"], value=value, dtype=kw["dtype"])
+
+
+def _channels(spec: GraphSpec, img: Any, device: str) -> Any:
+    """The HWC ``img`` with ``spec.channels`` channels (1: the first, which a grayscale image stored as RGB repeats)."""
+    if spec.channels == 3:
+        return img
+    _, fn, _ = import_dali()
+    return fn.slice(img, start=[0], shape=[spec.channels], axes=[2], device=device)
 
 
 def _stage_inputs(spec: GraphSpec) -> tuple[list, list, list]:
@@ -289,7 +303,9 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
     ``(encoded uint8 arrays, anchors float32 [x, y], shapes float32 [w, h], flips int32)``
     when training (without the flips when ``host_finish``; followed by the stage's inputs when
     ``spec.stage``) and ``(encoded uint8 arrays, resized sizes float32 [h, w], crop corners
-    float32 [x, y])`` for evaluation (see :func:`fastload.augment.eval_params`), or raises
+    float32 [x, y])`` for evaluation (see :func:`fastload.augment.eval_params`); with ``spec.pad_crop``
+    (torchvision's RandomCrop) the anchors and shapes are the windows of the padded image, decoded
+    whole (:func:`fastload.augment.padcrop.pad_window`, not resized); or raises
     ``StopIteration`` at the end of an epoch. Returns the built pipeline, whose single output
     is the image batch.
     """
@@ -330,10 +346,16 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
                 ndim=[1, 1, 1, 0, *extra[1]],
                 layout=["", "", "", "", *extra[2]],
             )
-            img = fn.decoders.image_slice(
-                enc, anchor, shape, device=dec_device, normalized_anchor=False, normalized_shape=False, **dec_kw
-            )
-            img = fn.resize(img, device=op_device, size=[spec.crop, spec.crop], **resize_kw)
+            if spec.pad_crop is not None:  # torchvision's RandomCrop: a window of the padded image, not resized
+                from .augment.padcrop import pad_window
+
+                img = fn.decoders.image(enc, device=dec_device, **dec_kw)
+                img = pad_window(img, anchor, shape, pc=spec.pad_crop, pads=spec.pads, device=op_device)
+            else:
+                img = fn.decoders.image_slice(
+                    enc, anchor, shape, device=dec_device, normalized_anchor=False, normalized_shape=False, **dec_kw
+                )
+                img = fn.resize(img, device=op_device, size=[spec.crop, spec.crop], **resize_kw)
             if staged:  # flipped before the operations, as torchvision's RandomHorizontalFlip comes first
                 img = fn.flip(img, device=op_device, horizontal=flip, vertical=0)
                 return _augmented(spec, img, inputs, op_device)  # per-sample inputs stay on the CPU
@@ -346,6 +368,7 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
             img = fn.resize(img, device=op_device, size=size, **resize_kw)  # size is (height, width)
             img = fn.slice(img, corner, [float(spec.crop), float(spec.crop)], normalized_anchor=False, normalized_shape=False)
             crop_kw = {}
+        img = _channels(spec, img, op_device)
         return fn.crop_mirror_normalize(img, device=op_device, **_normalise_kw(spec), **crop_kw)
 
     pipe = graph()

@@ -22,6 +22,15 @@ what its parent does, so it is refused):
   pair is refused, even a square one: it stretches every image to ``h x w``, while
   FastLoader keeps the aspect ratio. ``max_size`` must be None, and the shorter side
   at least the crop (torchvision would pad with black).
+* **RandomCrop** (training): ``RandomCrop(size, padding, pad_if_needed, fill, padding_mode)``
+  with an optional flip -> ``train=True, crop=size, pad_crop=PadCrop(...)``: a window at uniform
+  offsets of the padded image (any padding mode), not resized. ``fill`` must be a whole pixel
+  value of the image where the step stands (after ``ToTensor()``, ``1.0`` is 255).
+
+Given ``image=(h, w, channels)`` (every image of the dataset that size, as an array dataset's:
+CIFAR-10, MNIST...), a transform without a crop keeps square images whole (``train=False,
+resize=crop=h``, nearest: nothing is resampled), ``CenterCrop`` needs no ``Resize`` before it,
+and ``channels=1`` (a grayscale dataset) gives one-channel batches.
 
 Around them, in any order torchvision itself accepts: exactly one conversion from the
 PIL image to a tensor (``ToTensor()``: float 0..1; ``PILToTensor()`` / v2
@@ -227,6 +236,7 @@ class _State:
         self.crop: int | None = None  # the training crop's side (set before each step)
         self.form: str | None = None  # the geometric form so far (set before each step)
         self.ordered = False  # jitter and grayscale are stages of the chain policy, in the user's order
+        self.channels = 3  # the image's channels: 1 for a grayscale dataset's, until a Grayscale(3)
 
 
 def _convert_dtype(step: _Step, st: _State, dtype: Any, scale: bool, tv: Kinds) -> None:
@@ -261,6 +271,32 @@ class _Shape:
         self.flip_step: _Step | None = None
         self.shape_step: _Step | None = None  # the RandomResizedCrop or Resize that set the form
         self.interpolation = "bilinear"
+        self.pad_crop: Any = None  # a fastload.augment.padcrop.PadCrop (RandomCrop), or None
+        self.image: tuple[int, int, int] | None = None  # (height, width, channels) every image has, if known
+
+    def random_crop(self, step: _Step, t: Any, tv: Kinds, st: _State) -> None:
+        """torchvision's ``RandomCrop``: a window at uniform offsets of the padded image, never resized."""
+        from .augment.padcrop import PAD_MODES, PadCrop
+
+        if self.form is not None:
+            raise step.fail(_second_crop(self.form, self.shape_step))
+        crop = _side(step, t.size, "crop size", allow_pair=True)
+        mode = getattr(t, "padding_mode", "constant")
+        if mode not in PAD_MODES:
+            raise step.fail(f"padding_mode {mode!r} is not one of {', '.join(PAD_MODES)}")
+        pad = _padding(step, t.padding, v2=type(t).__module__.startswith("torchvision.transforms.v2"))
+        used = mode == "constant" and (any(pad) or bool(t.pad_if_needed))  # torchvision reads fill only then
+        fill = _fill(step, t, st) if used else (0.0, 0.0, 0.0)
+        self.pad_crop = PadCrop(padding=pad, fill=fill, mode=mode, pad_if_needed=bool(t.pad_if_needed))
+        if self.image is not None and not self.pad_crop.pad_if_needed:
+            h, w = self.image[0] + pad[1] + pad[3], self.image[1] + pad[0] + pad[2]
+            if min(h, w) < crop:
+                raise step.fail(
+                    f"the dataset's images, padded, are {h}x{w}, smaller than the {crop}x{crop} window (torchvision "
+                    "raises there too): give RandomCrop pad_if_needed=True, or a larger padding"
+                )
+        self.crop, self.form, self.shape_step = crop, "train", step
+        self.interpolation = "nearest"  # nothing is resized
 
     def rrc(self, step: _Step, t: Any, tv: Kinds, st: _State) -> None:
         if self.form is not None:
@@ -295,6 +331,8 @@ class _Shape:
         self.form, self.shape_step = "resized", step
 
     def center(self, step: _Step, t: Any, tv: Kinds, st: _State) -> None:
+        if self.form is None and self.image is not None:  # every image one size: as Resize(its shorter side) first
+            self.resize, self.form, self.interpolation = min(self.image[:2]), "resized", "nearest"
         if self.form != "resized":
             if self.form is None:
                 raise step.fail(
@@ -322,6 +360,47 @@ class _Shape:
         if not 0.0 <= flip <= 1.0:
             raise step.fail(f"p {t.p!r} is not a probability in [0, 1]")
         self.flip, self.flip_step = flip, step
+
+
+def _padding(step: _Step, value: Any, *, v2: bool) -> tuple[int, int, int, int]:
+    """RandomCrop's ``padding`` as ``(left, top, right, bottom)``: v1 keeps what it was given (an int, or 1, 2 or 4
+    numbers: ``(left/right, top/bottom)``, ``(left, top, right, bottom)``); v2 keeps ``[left, right, top, bottom]``."""
+    if value is None:
+        return (0, 0, 0, 0)
+    v = [value] if not isinstance(value, (list, tuple)) else list(value)
+    sides = [_index(step, x, value, "padding") for x in v]
+    if any(x < 0 for x in sides) or len(sides) not in (1, 2, 4):
+        raise step.fail(f"padding {value!r} must be 1, 2 or 4 numbers of pixels >= 0")
+    if len(sides) == 1:
+        return (sides[0],) * 4
+    if len(sides) == 2:
+        return (sides[0], sides[1], sides[0], sides[1])
+    if v2:
+        return (sides[0], sides[2], sides[1], sides[3])
+    return (sides[0], sides[1], sides[2], sides[3])
+
+
+def _fill(step: _Step, t: Any, st: _State) -> tuple[float, float, float]:
+    """RandomCrop's ``fill`` in pixels 0..255 (on a tensor: its values undone to pixels), each a whole pixel value."""
+    fill = getattr(t, "fill", 0)
+    if isinstance(fill, dict):
+        raise step.fail(f"fill {fill!r} is a dict of fills per type; give one value (or one per channel)")
+    vals = [fill] if not isinstance(fill, (list, tuple)) else list(fill)
+    try:
+        vals = [float(v) for v in (vals * 3 if len(vals) == 1 else vals)]
+    except (TypeError, ValueError):
+        raise step.fail(f"fill {fill!r} is not numbers") from None
+    if len(vals) != 3:
+        raise step.fail(f"fill {fill!r} must be one value or one per channel (the images are RGB)")
+    if st.tensor:  # a tensor value v is the pixel 255 * (v * S + M)
+        vals = [255.0 * (v * s + m) for v, s, m in zip(vals, st.S, st.M)]
+    px = [round(v) for v in vals]
+    if any(abs(v - p) > 1e-3 or not 0 <= p <= 255 for v, p in zip(vals, px)):
+        raise step.fail(
+            f"fill {fill!r} is not a pixel value 0..255 of the image here (FastLoader pads the uint8 image); "
+            "give RandomCrop a fill the image's pixels can hold, or put it before ToTensor()"
+        )
+    return (float(px[0]), float(px[1]), float(px[2]))
 
 
 def _to_tensor(step: _Step, t: Any, tv: Kinds, st: _State, kind: str) -> None:
@@ -557,6 +636,9 @@ def _chain(step: _Step, t: Any, tv: Kinds, st: _State, kind: str) -> None:
 
 def _grayscale(step: _Step, t: Any, tv: Kinds, st: _State, kind: str, p: float = 1.0) -> None:
     """``RandomGrayscale``/``Grayscale(3)``: the grayscale after the jitter, or a chain stage in the user's order."""
+    if kind == "gray_fixed" and p == 1.0 and st.channels == 1:  # a grayscale image's gray is itself, in 1 or 3 channels
+        st.channels = getattr(t, "num_output_channels", 1)
+        return
     if getattr(t, "num_output_channels", 3) != 3:
         raise step.fail("Grayscale with one output channel: FastLoader batches are RGB; use num_output_channels=3")
     p = p * (1.0 if kind == "gray_fixed" else float(getattr(t, "p", 0.1)))
@@ -616,6 +698,14 @@ def _result(transform: Any, shape: _Shape, st: _State, tv: Kinds) -> "Augment":
             "RandomResizedCrop(N) (training), or remove the flip"
         )
     last = _name(transform)
+    if shape.form is None and shape.image is not None:  # every image one size: kept whole
+        h, w = shape.image[:2]
+        if h != w:
+            raise ConfigError(
+                f"transform {last}: no crop, so the images keep their {h}x{w} size, but FastLoader's batches are "
+                f"square: add CenterCrop({min(h, w)}) (or RandomCrop({min(h, w)}) for training)"
+            )
+        shape.form, shape.crop, shape.resize, shape.interpolation = "eval", h, h, "nearest"
     if shape.form is None:
         raise ConfigError(
             f"transform {last}: no crop, so the images keep their own sizes, but FastLoader batches need one size: "
@@ -648,16 +738,22 @@ def _result(transform: Any, shape: _Shape, st: _State, tv: Kinds) -> "Augment":
         grayscale=0.0 if st.gray is None else st.gray[0],
         trivial=None if st.trivial is None else st.trivial[0],
         policy=None if st.policy is None else st.policy[0],
+        pad_crop=shape.pad_crop,
+        channels=st.channels,
     )
 
 
-def translate(transform: Any) -> "Augment":
+def translate(transform: Any, *, image: tuple[int, int, int] | None = None) -> "Augment":
     """The FastLoader settings a torchvision transform implies, as one :class:`fastload.Augment`.
 
     Args:
         transform: a ``Compose`` (v1 or v2), an ``nn.Sequential`` or one transform, as
             given to a torchvision image dataset; see the module docstring for what is
             understood.
+        image: ``(height, width, channels)`` when every image of the dataset has that size (an array
+            dataset such as CIFAR-10): then a transform without a crop keeps square images whole,
+            ``CenterCrop`` needs no ``Resize`` before it, and ``channels`` 1 (MNIST) gives
+            one-channel batches.
 
     Returns:
         an :class:`~fastload.augment.settings.Augment` (``channels_last`` False): ``resize`` is None
@@ -680,7 +776,12 @@ def translate(transform: Any) -> "Augment":
     if not items:
         raise ConfigError(f"transform {_name(transform)} is empty; FastLoader batches need one size: use {_TRAIN_HINT}")
     shape, st = _Shape(), _State()
-    geometry = {"rrc": shape.rrc, "resize": shape.resize_step, "center": shape.center, "flip": shape.flip_step_}
+    shape.image = None if image is None else (int(image[0]), int(image[1]), int(image[2]))
+    st.channels = 3 if shape.image is None else shape.image[2]
+    geometry = {
+        "rrc": shape.rrc, "resize": shape.resize_step, "center": shape.center, "flip": shape.flip_step_,
+        "random_crop": shape.random_crop,
+    }  # fmt: skip
     for i, t in enumerate(items):
         step = _Step(t, i, len(items))
         kind = tv.kind(t)
@@ -704,10 +805,6 @@ _FLIP_IN_EVAL = (
 _REFUSAL = {
     "lambda": f"Lambda runs your own code, which FastLoader cannot translate: {_NO_EQUIVALENT}",
     "random_order": f"RandomOrder of more than 5 transforms (FastLoader draws one of their orders): {_NO_EQUIVALENT}",
-    "random_crop": (
-        "RandomCrop has no FastLoader equivalent (FastLoader crops with RandomResizedCrop for training, "
-        "Resize + CenterCrop for evaluation): use RandomResizedCrop(N), or crop the batch on the GPU after the loader"
-    ),
     "to_pil": f"ToPILImage has no FastLoader equivalent: {_NO_EQUIVALENT}",
     "augmix": f"AugMix (a mix of several augmented chains per image) is not translated: {_NO_EQUIVALENT}",
     "timm_augmix": f"timm's AugMix (a mix of several augmented chains per image) is not translated: {_NO_EQUIVALENT}",
@@ -715,7 +812,7 @@ _REFUSAL = {
 
 
 _KNOWN = (
-    "RandomResizedCrop, RandomHorizontalFlip, Resize, CenterCrop, ToTensor, PILToTensor, ToImage, "
+    "RandomResizedCrop, RandomCrop, RandomHorizontalFlip, Resize, CenterCrop, ToTensor, PILToTensor, ToImage, "
     "ConvertImageDtype, ToDtype and Normalize"
 )
 

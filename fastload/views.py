@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .augment import train_params
+from .augment.padcrop import host_window, pad_crop_params
 from .host import eval_crop, finish_crops
 from .reader import Dataset
 
@@ -143,7 +144,14 @@ class LoaderDataset(torch.utils.data.Dataset):
         interp = s.get("interpolation", "bilinear")
         with Image.open(io.BytesIO(payload)) as im:
             rgb = np.asarray(im.convert("RGB"))
-        if s["train"]:
+        pc = s.get("pad_crop")
+        if s["train"] and pc is not None:  # torchvision's RandomCrop: the loader's window, drawn alike
+            corners, flips, _ = pad_crop_params(
+                np.array([rgb.shape[1]]), np.array([rgb.shape[0]]), pc=pc, crop=s["crop"], seed=s["seed"],
+                epoch=self._epoch(), positions=np.array([i]), flip=s["flip"],
+            )  # fmt: skip
+            crops, flip = [host_window(rgb, corners[0], pc=pc, crop=s["crop"])], flips
+        elif s["train"]:
             boxes, flips = train_params(
                 np.array([rgb.shape[1]]), np.array([rgb.shape[0]]), seed=s["seed"], epoch=self._epoch(),
                 positions=np.array([i]), scale=s["scale"], ratio=s["ratio"], flip=s["flip"],
@@ -156,7 +164,7 @@ class LoaderDataset(torch.utils.data.Dataset):
             crops, flip, crop=s["crop"], mean=s["mean"], std=s["std"], dtype=torch.float32, channels_last=False,
             interpolation=interp,
         )  # fmt: skip
-        return batch[0], int(self._labels[i])
+        return batch[0][: s.get("channels", 3)], int(self._labels[i])
 
     def __repr__(self) -> str:
         return f"LoaderDataset({str(self.packed.path)!r}, samples={len(self)}, classes={len(self.classes)})"

@@ -84,7 +84,7 @@ def test_a_look_alike_of_a_known_step_is_pointed_to_torchvisions_written_out_who
     msg = _refusal(T.Compose([T.RandomResizedCrop(24), MyRandomCrop(), T.PILToTensor()]))
     assert msg == (
         f"{__name__}.MyRandomCrop() (step 2 of 3 of the transform): not one of torchvision's own transforms that "
-        "FastLoader translates (RandomResizedCrop, RandomHorizontalFlip, Resize, CenterCrop, ToTensor, PILToTensor, "
+        "FastLoader translates (RandomResizedCrop, RandomCrop, RandomHorizontalFlip, Resize, CenterCrop, ToTensor, PILToTensor, "
         "ToImage, ConvertImageDtype, ToDtype and Normalize, from torchvision.transforms or torchvision.transforms.v2); "
         "use the torchvision one"
     )

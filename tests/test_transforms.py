@@ -262,7 +262,8 @@ def test_random_containers_lambda_random_crop_to_pil(api):
     _refused(api.Compose([crop, api.RandomChoice([api.RandomHorizontalFlip()]), *_to_float(api)]), "RandomChoice", "cannot run inside it")
     _refused(api.Compose([crop, api.RandomOrder([api.RandomHorizontalFlip()]), *_to_float(api)]), "RandomOrder")
     _refused(api.Compose([crop, api.Lambda(lambda x: x), *_to_float(api)]), "Lambda runs your own code")
-    _refused(api.Compose([api.RandomCrop(32, padding=4), *_to_float(api)]), "RandomCrop", "use RandomResizedCrop")
+    # RandomCrop is translated since issue 37 (its windows: tests/test_arrays.py)
+    assert translate_augment(api.Compose([api.RandomCrop(32, padding=4), *_to_float(api)])).pad_crop.padding == (4, 4, 4, 4)
     _refused(api.Compose([crop, *_to_float(api), api.ToPILImage()]), "ToPILImage")
     _refused(api.Compose([crop, lambda x: x, *_to_float(api)]), "<function", "step 2 of")
 

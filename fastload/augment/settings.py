@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, as_int
+from .padcrop import PadCrop
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -34,7 +35,7 @@ INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "lanczos")
 #: The settings' names, in the order they are checked.
 FIELDS = (
     "train", "crop", "scale", "ratio", "flip", "resize", "mean", "std", "dtype", "channels_last", "interpolation",
-    "erasing", "jitter", "grayscale", "trivial", "policy",
+    "erasing", "jitter", "grayscale", "trivial", "policy", "pad_crop", "channels",
 )  # fmt: skip
 
 #: The libraries whose operation sequences a :class:`Policy` runs, and how it picks them per image.
@@ -381,6 +382,9 @@ class Augment:
         trivial: a :class:`Trivial` (``TrivialAugmentWide``) applied to training crops first, or None.
         policy: a :class:`Policy` (``RandAugment``/``AutoAugment``, torchvision's or timm's) applied to
             training crops first, or None; not with ``trivial``.
+        pad_crop: a :class:`~fastload.augment.padcrop.PadCrop` (torchvision's ``RandomCrop``): training
+            windows of ``crop`` pixels taken from the padded image, not resized (``scale``/``ratio`` unused).
+        channels: 3 (RGB), or 1: the first channel only (a grayscale dataset's images, stored as RGB).
 
     Raises:
         ConfigError: a value out of its range or of the wrong kind, naming the setting and the value.
@@ -402,6 +406,8 @@ class Augment:
     grayscale: float = 0.0
     trivial: Trivial | None = None
     policy: Policy | None = None
+    pad_crop: PadCrop | None = None
+    channels: int = 3
 
     def __post_init__(self) -> None:
         put = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen: set once, here
@@ -449,6 +455,10 @@ class Augment:
             raise ConfigError("erasing noise needs float (normalised) batches: give mean and std")
         if self.erasing is not None and not self.train:
             raise ConfigError("erasing applies to training batches (train=True), as torchvision's RandomErasing in a training transform")
+        if self.pad_crop is not None and (not isinstance(self.pad_crop, PadCrop) or not self.train):
+            raise ConfigError(f"pad_crop must be a fastload.augment.padcrop.PadCrop for training batches, got {self.pad_crop!r}")
+        if self.channels not in (1, 3) or isinstance(self.channels, bool):
+            raise ConfigError(f"channels must be 1 or 3, got {self.channels!r}")
 
     @classmethod
     def merged(cls, *layers: "Augment | dict[str, Any] | None") -> "Augment":
