@@ -284,3 +284,65 @@ def test_an_annotation_file_edited_gives_a_new_entry(tmp_path):
     second = served(load(ds, tmp_path, batch_size=6))
     assert first[0][1][0]["category_id"] == 7 and second[0][1] == ds[0][1] and second[0][1][0]["category_id"] == 11
     assert len(list((tmp_path / "cache").glob("*-cocodetection-*[!k]"))) == 2
+
+
+class PairCompose:
+    """The detection references' Compose: steps in .transforms, called on (image, target)."""
+
+    def __init__(self, transforms):
+        self.transforms = transforms
+
+    def __call__(self, image, target):
+        for t in self.transforms:
+            image, target = t(image, target)
+        return image, target
+
+
+def test_a_two_argument_transform_is_named_as_one_and_its_route_works(coco):
+    """A joint (image, target) transform given as an image transform is not said to 'do more than its .transforms'."""
+    from fastload.transforms import translate
+
+    joint = PairCompose([v2.ToImage(), v2.RandomHorizontalFlip(p=1.0)])
+    with pytest.raises(ConfigError) as e:
+        translate(joint)
+    msg = str(e.value)
+    assert "takes (image, target) pairs" in msg and "does more than" not in msg and " at 0x" not in msg
+    assert "collate_fn=fastload.TransformsCollate(it, collate_fn)" in msg
+    root, img, ann = coco
+    got = served(load(CocoDetection(img, ann), root, batch_size=2, collate_fn=fastload.TransformsCollate(joint)))
+    own = CocoDetection(img, ann, transforms=joint)
+    for i, (image, target) in enumerate(got):
+        assert same(image, own[i][0]) and target == own[i][1], i
+    with pytest.raises(ConfigError, match=r"step 1 of 1, PairCompose\(\.\.\.\), is not run.*TransformsCollate"):
+        load(own, root, batch_size=2)
+
+
+class BoxPairs(torch.utils.data.Dataset):
+    """A script's own detection dataset: (PIL image, {"boxes", "labels"}) items."""
+
+    def __init__(self):
+        rng = np.random.default_rng(1)
+        self.images = [Image.fromarray(rng.integers(0, 256, (40, 60, 3), dtype=np.uint8)) for _ in range(3)]
+        self.boxes = [np.array([[2, 3, 20 + k, 30]], np.float32).repeat(k + 1, 0) for k in range(3)]
+
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, i):
+        return self.images[i], {"boxes": torch.from_numpy(self.boxes[i]), "labels": torch.arange(1, i + 2)}
+
+
+def test_a_custom_pair_dataset_is_told_a_route_that_works(tmp_path):
+    ds = BoxPairs()
+    with pytest.raises(ConfigError) as e:
+        fastload.FastLoader(ds, batch_size=2)
+    msg = str(e.value)
+    assert "(image, target) pairs with a dict target" in msg and " at 0x" not in msg
+    assert "fields={'boxes': 'float32[][4]', 'labels': 'int64[]'}" in msg
+    # the route, as the message writes it
+    items = [{"image": np.asarray(im), "boxes": t["boxes"].numpy(), "labels": t["labels"].numpy()} for im, t in (ds[i] for i in range(3))]
+    fastload.pack_dataset(items, tmp_path / "out", fields={"boxes": "float32[][4]", "labels": "int64[]"}, workers=1, progress=False)
+    loader = fastload.FastLoader(tmp_path / "out", 3, fields=("image", "boxes", "labels"), min_size=40, max_size=1000, device="cpu")
+    images, targets = next(iter(loader))
+    for i, t in enumerate(targets):  # min_size = the shorter side: scale 1, boxes as packed
+        assert torch.equal(t["boxes"], ds[i][1]["boxes"]) and torch.equal(t["labels"], ds[i][1]["labels"])
