@@ -140,6 +140,15 @@ class AnnotatedLoader:
             if pending is not None:
                 yield self.collate_fn([f.result() for f in pending])
 
+    def close(self) -> None:
+        """Nothing to release (the threads live for one iteration); kept for FastLoader's interface."""
+
+    def __enter__(self) -> "AnnotatedLoader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def __repr__(self) -> str:
         return f"AnnotatedLoader({self.plan.name}, batch_size={self.batch_size}, batches={len(self)})"
 
