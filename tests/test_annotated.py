@@ -346,3 +346,37 @@ def test_a_custom_pair_dataset_is_told_a_route_that_works(tmp_path):
     images, targets = next(iter(loader))
     for i, t in enumerate(targets):  # min_size = the shorter side: scale 1, boxes as packed
         assert torch.equal(t["boxes"], ds[i][1]["boxes"]) and torch.equal(t["labels"], ds[i][1]["labels"])
+
+
+def test_png_palette_and_gray_images_decode_as_the_dataset_loads_them(tmp_path):
+    """Images that are not RGB JPEGs (RGBA, palette, 16-bit gray PNGs) come back as Image.open(f).convert("RGB") gives them."""
+    root = tmp_path / "c"
+    img, ann, _ = write_coco(root)
+    data = json.loads(ann.read_text())
+    rng = np.random.default_rng(5)
+    kinds = {0: lambda h, w: Image.fromarray(rng.integers(0, 256, (h, w, 4), dtype=np.uint8), "RGBA"),
+             1: lambda h, w: Image.fromarray(rng.integers(0, 256, (h, w), dtype=np.uint8)).convert("P"),
+             2: lambda h, w: Image.fromarray(rng.integers(0, 65536, (h, w), dtype=np.uint16))}  # fmt: skip
+    for k, make in kinds.items():
+        im = data["images"][k]
+        name = f"odd_{k}.png"
+        make(im["height"], im["width"]).save(img / name)
+        im["file_name"] = name
+    ann.write_text(json.dumps(data))
+    ds = CocoDetection(str(img), str(ann))
+    got = served(load(ds, tmp_path, batch_size=3))
+    for i, (image, target) in enumerate(got):
+        assert same(image, ds[i][0]) and target == ds[i][1], i
+
+
+def test_a_distributed_sampler_is_read_as_given_with_its_epoch(coco):
+    root, img, ann = coco
+    ds = CocoDetection(img, ann)
+    sampler = torch.utils.data.DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=4)
+    loader = load(ds, root, batch_size=2, sampler=sampler)
+    image_id = lambda t: t[0]["image_id"] if t else None  # noqa: E731
+    for epoch in (0, 3):
+        loader.set_epoch(epoch)
+        got = [image_id(t) for _, t in served(loader)]
+        sampler.set_epoch(epoch)
+        assert got == [image_id(ds[i][1]) for i in sampler], epoch
