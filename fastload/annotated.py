@@ -39,7 +39,7 @@ ANNOTATED_KINDS = {"CocoDetection": ("anns", "str"), "VOCSegmentation": ("mask",
 #: Methods whose override would change what a served dataset's ``dataset[i]`` is.
 _ITEM_METHODS = ("__getitem__", "__len__", "_load_image", "_load_target", "parse_voc_xml")
 
-#: Deterministic conversions run as they are (the user's own objects), by (module prefix, class name).
+#: Deterministic conversions run as they are (the user's own objects), by class name (torchvision.transforms only).
 _CONVERSIONS = {
     "ToTensor", "PILToTensor", "ToImage", "ToDtype", "ConvertImageDtype", "ToPureTensor", "Identity",
 }  # fmt: skip
