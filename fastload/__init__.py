@@ -29,7 +29,7 @@ from .fields import Field, Schema
 
 # FastLoader and Augment import torch (FastLoader DALI too): load it on first use so that `fastload pack`
 # and `import fastload` stay light and work where DALI is not installed.
-_LAZY = {"FastLoader": "loader", "DetectionLoader": "detection", "FieldBatch": "fieldbatch", "Augment": "augment.settings", "IMAGENET_MEAN": "augment.settings", "IMAGENET_STD": "augment.settings"}
+_LAZY = {"FastLoader": "loader", "DetectionLoader": "detection", "TransformsCollate": "annotated", "AnnotatedLoader": "pairloader", "FieldBatch": "fieldbatch", "Augment": "augment.settings", "IMAGENET_MEAN": "augment.settings", "IMAGENET_STD": "augment.settings"}
 
 
 def __getattr__(name: str):
@@ -55,6 +55,8 @@ __all__ = [
     "Schema",
     "FieldBatch",
     "DetectionLoader",
+    "AnnotatedLoader",
+    "TransformsCollate",
     "PackResult",
     "inspect",
     "verify",

@@ -96,7 +96,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "CACHE_ENV", "CACHE_VERSION", "FileList", "cache_entry", "cached_pack", "check_reproducible", "default_cache_dir",
-    "describe", "file_list", "pack_files",
+    "describe", "file_list", "pack_files", "EntryLock",
 ]  # fmt: skip
 
 #: Bumped when what the cache packs for a dataset changes (the pack options below, the list layout).
@@ -450,6 +450,10 @@ class _Lock:
             release_lock(fd)
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+#: The entry lock, for the other caches of torch datasets (:mod:`fastload.annotated`).
+EntryLock = _Lock
 
 
 # ============================================================================ packing

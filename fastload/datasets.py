@@ -25,6 +25,14 @@ __all__ = ["DatasetPlan", "MAX_DEPTH", "Resolved", "plan_dataset", "resolve_data
 
 #: How deep Subsets and ConcatDatasets may nest.
 MAX_DEPTH = 64
+#: The route for a dataset of ``(image, target)`` items whose target is not a class index.
+_PAIRS = (
+    "its items are (image, target) pairs with a {kind} target, which pack_dataset cannot store as a label: "
+    "torchvision's CocoDetection, VOCSegmentation and VOCDetection are served as they are (pass one); for another, "
+    "pack its items as dicts of fields, e.g. fastload.pack_dataset([{{'image': image, 'boxes': float32 [N, 4] XYXY, "
+    "'labels': int64 [N]}}, ...], OUT, fields={{'boxes': 'float32[][4]', 'labels': 'int64[]'}}), and read them with "
+    "FastLoader(OUT, batch_size, fields=('image', 'boxes', 'labels')) (docs/detection.md)"
+)
 _TO_PACK = "pack it once with fastload.pack_dataset(dataset, OUT) and pass OUT (or Subset(fastload.Dataset(OUT), indices))"
 
 
@@ -67,6 +75,8 @@ def _item_advice(obj: Any) -> str:
     except Exception:  # noqa: BLE001 - advice only
         return _TO_PACK
     steps = []
+    if isinstance(item, (tuple, list)) and len(item) == 2 and not isinstance(item[1], int):
+        return _PAIRS.format(kind=printable(type(item[1]).__name__))
     if isinstance(item, dict):
         keys = ", ".join(repr(k) for k in list(item)[:4])
         steps.append(

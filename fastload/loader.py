@@ -341,7 +341,14 @@ class FastLoader:
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         """``fields=`` naming ``"boxes"`` gives a :class:`fastload.DetectionLoader` instead: images resized
         (``min_size``/``max_size``) and flipped with their boxes, ``(images, targets)`` batches
-        (``docs/detection.md``); every other loader is a FastLoader."""
+        (``docs/detection.md``); a torchvision CocoDetection/VOCSegmentation/VOCDetection (plain, under
+        Subset, v2-wrapped) gives a :class:`fastload.pairloader.AnnotatedLoader` of its own items; every
+        other loader is a FastLoader."""
+        plan = _annotated(args[0] if args else kwargs.get("dataset"))
+        if plan is not None:
+            from .pairloader import annotated_loader
+
+            return annotated_loader(plan, *args[1:], **{k: v for k, v in kwargs.items() if k != "dataset"})
         if _names_boxes(kwargs.get("fields")):
             from .detection import detection_loader
 
@@ -874,6 +881,15 @@ class FastLoader:
 
 # FastLoader(...)'s signature is __init__'s (help(), IDEs, the drop-in checks), not __new__'s *args, **kwargs
 FastLoader.__new__.__signature__ = inspect.signature(FastLoader.__init__)  # type: ignore[attr-defined]
+
+
+def _annotated(dataset: Any) -> Any:
+    """The :class:`fastload.annotated.AnnotatedPlan` of a COCO/VOC dataset, else None."""
+    if dataset is None or isinstance(dataset, (str, os.PathLike, Dataset)):
+        return None
+    from .annotated import annotated_plan
+
+    return annotated_plan(dataset)
 
 
 def _names_boxes(fields: Any) -> bool:

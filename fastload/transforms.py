@@ -662,6 +662,18 @@ _PIXEL_STEPS = {
 }  # fmt: skip
 
 
+def _takes_pairs(t: Any) -> bool:
+    """Whether calling ``t`` needs two positional arguments (an ``(image, target)`` joint transform)."""
+    import inspect
+
+    try:
+        params = inspect.signature(t).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in kinds and p.default is inspect.Parameter.empty for p in params) >= 2
+
+
 def _unknown_step(step: _Step, t: Any, tv: Kinds) -> None:
     """A step torchvision's kinds do not cover: a no-op passes, anything else is refused."""
     if type(t) in tv.noop:
@@ -678,6 +690,13 @@ def _unknown_step(step: _Step, t: Any, tv: Kinds) -> None:
             f"it returns {n} views of each image (a {n}-item tuple or list), and FastLoader batches one view "
             "per sample: give the dataset one view's transform, and make one loader per view with the same "
             "sampler= (the same order) and its own seed (its own crops and colours)"
+        )
+    if _takes_pairs(t):
+        raise step.fail(
+            "it takes (image, target) pairs (a detection or segmentation reference's joint transform), and an image "
+            "dataset's transform gets the image alone: pass the torchvision CocoDetection, VOCSegmentation or "
+            "VOCDetection it was written for to FastLoader, built without it, with "
+            "collate_fn=fastload.TransformsCollate(it, collate_fn), which runs it on each (image, target) item"
         )
     if getattr(t, "transforms", None) is not None:
         raise step.fail(

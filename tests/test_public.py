@@ -12,6 +12,7 @@ DOCUMENTED = {
     "__version__", "Dataset", "pack", "pack_dataset", "PackResult", "inspect", "verify", "make_sample", "profile",
     "FastLoader", "Augment", "IMAGENET_MEAN", "IMAGENET_STD",
     "pack_webdataset", "pack_parquet", "pack_coco", "pack_ray", "pack_spark", "DetectionLoader", "Field", "Schema", "FieldBatch",
+    "AnnotatedLoader", "TransformsCollate",
     "FastloadError", "ConfigError", "DependencyError", "FormatError", "CorruptDataError", "PackError",
     "BadImageError", "LoaderError", "RemoteError",
 }  # fmt: skip

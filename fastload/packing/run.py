@@ -780,6 +780,7 @@ def pack_like_pil_loader(
     out: str | os.PathLike,
     *,
     classes: Sequence[str] | None = None,
+    fields: dict[str, Any] | None = None,
     **options: Any,
 ) -> PackResult:
     """Pack so that every stored image decodes to exactly what torchvision's ``pil_loader``
@@ -793,7 +794,9 @@ def pack_like_pil_loader(
     ``convert("RGB")`` as ``pil_loader`` converts it (16-bit samples clipped, alpha dropped,
     no EXIF orientation) and stored as a lossless PNG (``encoding`` 2), so its decode is
     ``pil_loader``'s pixels exactly. The manifest's ``options.pixels`` says so. Used by the
-    ImageFolder cache (:func:`fastload.cache.cached_pack`).
+    ImageFolder cache (:func:`fastload.cache.cached_pack`). With ``fields`` (name -> kind), ``src``
+    is a dataset of dicts of fields (:func:`pack_dataset`'s), as the COCO/VOC cache packs them
+    (:mod:`fastload.annotated`).
     """
     kw: dict[str, Any] = dict(
         workers=None, shard_size="1GB", on_error="skip", overwrite=False, resume=False, max_size=None,
@@ -806,6 +809,8 @@ def pack_like_pil_loader(
     settings = _settings(out, pil_loader=True, **kw)
     if isinstance(src, (str, bytes, os.PathLike)):
         source = open_source(src, on_error=settings.on_error)
+    elif fields is not None:
+        source = DictDatasetSource(src, classes, fields)
     else:
         source = DatasetSource(src, classes)
     return _run(source, settings)
