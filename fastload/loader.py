@@ -211,6 +211,8 @@ def _resolve_source(dataset: Any, transform: Any) -> _Source:
         if transform is not None:
             return _Source("view", dataset, _translated(transform), transform, dataset.target_transform)
         settings = {k: v for k, v in dataset.settings.items() if k in FIELDS}  # the view also holds the seed
+        if "views" in dataset.settings:  # a multi-view loader's: its transform read again, every view
+            settings = _translated(dataset.transform)
         return _Source("view", dataset, settings, dataset.transform, dataset.target_transform)
     if _is_torch_dataset(dataset):
         from .datasets import plan_dataset
@@ -546,10 +548,20 @@ class FastLoader:
         self._make_plan()
 
     def _view_settings(self) -> dict[str, Any]:
-        """The image settings ``loader.dataset`` processes its items with."""
-        return {"train": self.train, "crop": self.crop, "resize": self.resize, "scale": self.scale,
-                "ratio": self.ratio, "flip": self.flip, "mean": self.mean, "std": self.std, "seed": self.seed,
-                "interpolation": self.augment.interpolation}  # fmt: skip
+        """The image settings ``loader.dataset`` processes its items with (a multi-view transform's: its first view's,
+        and under ``"views"`` each view's, with the seed that view draws from)."""
+        out = {"train": self.train, "crop": self.crop, "resize": self.resize, "scale": self.scale,
+               "ratio": self.ratio, "flip": self.flip, "mean": self.mean, "std": self.std, "seed": self.seed,
+               "interpolation": self.augment.interpolation}  # fmt: skip
+        if self._views is not None:
+            from .augment import view_seed
+
+            out["views"] = [
+                {"train": True, "crop": a.crop, "resize": a.resize_side, "scale": a.scale, "ratio": a.ratio, "flip": a.flip,
+                 "mean": a.mean, "std": a.std, "seed": view_seed(self.seed, v), "interpolation": a.interpolation}
+                for v, a in enumerate(self._views.views)
+            ]  # fmt: skip
+        return out
 
     def _retransform(self, transform: Any) -> dict[str, Any]:
         """``loader.dataset.transform = transform``: run it from the next ``iter()`` on (a new pipeline).

@@ -492,3 +492,19 @@ def test_a_multi_view_step_inside_a_longer_transform_and_flat_keywords_are_refus
         _fast(ds, cache, batch_size=4, crop=8)
     with pytest.raises(ConfigError, match=r"view 2 of 2 \(transform\[1\]\) is an evaluation transform.*RandomResizedCrop"):
         _fast(ds, cache, batch_size=4, transform=[two.base_transform, transforms.Compose([transforms.Resize(16), transforms.CenterCrop(16), transforms.ToTensor()])])
+
+
+def test_the_loaders_dataset_gives_each_items_views_and_a_loader_over_it_the_same_batches(noise_root, cache):
+    """``loader.dataset[i]`` is ``([view, ...], label)`` with each view's crop size (view 0 cropped from the loader's
+    own seed); a FastLoader made from ``loader.dataset`` batches the same views as the loader."""
+    a = transforms.Compose([transforms.RandomResizedCrop(16), transforms.ToTensor()])
+    b = transforms.Compose([transforms.RandomResizedCrop(12), transforms.RandomHorizontalFlip(), transforms.ToTensor()])
+    ds = ImageFolder(str(noise_root), transform=MocoV3TwoCropsTransform(a, b))
+    with _fast(ds, cache, batch_size=3, seed=2) as fl:
+        views, label = fl.dataset[4]
+        assert [tuple(v.shape) for v in views] == [(3, 16, 16), (3, 12, 12)] and label == ds.targets[4]
+        first = next(iter(fl))
+        with FastLoader(fl.dataset, batch_size=3, seed=2, device="cpu", shuffle=False) as again:
+            second = next(iter(again))
+    assert _structure(first) == _structure(second) and torch.equal(first[1], second[1])
+    assert all(torch.equal(x, y) for x, y in zip(first[0], second[0]))
