@@ -42,7 +42,7 @@ from .resume import STATE_VERSION, Shape, make_state, merge_states, resume_posit
 from .sampler import MAX_BATCH, MAX_SEED, EpochSampler, check_order, choose_order, order_options
 from .augment.settings import FIELDS, IMAGENET_MEAN, IMAGENET_STD, MAX_SIDE, Augment
 from .views import LoaderDataset
-from .multiview import MultiView
+from .multiview import MultiView, item_settings, split_settings as _settings
 
 __all__ = ["FastLoader", "IMAGENET_MEAN", "IMAGENET_STD", "MAX_SIDE", "MAX_THREADS", "STATE_VERSION"]
 
@@ -181,18 +181,6 @@ def _translated(transform: Any) -> Augment | MultiView | None:
     from .transforms import translate
 
     return translate(transform)
-
-
-def _settings(settings: Any, given: dict[str, Any]) -> tuple[Augment, MultiView | None]:
-    """The loader's Augment (a multi-view transform's first view's) and its MultiView, or None for one view."""
-    if isinstance(settings, MultiView):
-        if given:
-            raise ConfigError(
-                f"{', '.join(f'{k}=' for k in given)} given with a multi-view transform: each view's settings come from "
-                "its own transform; set them there"
-            )
-        return settings.first, settings
-    return Augment.merged(settings, given), None
 
 
 def _remote_options(dataset: Any, **options: Any) -> dict[str, Any]:
@@ -554,13 +542,7 @@ class FastLoader:
                "ratio": self.ratio, "flip": self.flip, "mean": self.mean, "std": self.std, "seed": self.seed,
                "interpolation": self.augment.interpolation}  # fmt: skip
         if self._views is not None:
-            from .augment import view_seed
-
-            out["views"] = [
-                {"train": True, "crop": a.crop, "resize": a.resize_side, "scale": a.scale, "ratio": a.ratio, "flip": a.flip,
-                 "mean": a.mean, "std": a.std, "seed": view_seed(self.seed, v), "interpolation": a.interpolation}
-                for v, a in enumerate(self._views.views)
-            ]  # fmt: skip
+            out["views"] = item_settings(self._views, self.seed)
         return out
 
     def _retransform(self, transform: Any) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from .errors import ConfigError
 
-__all__ = ["MultiView", "read_views", "views_of_list"]
+__all__ = ["MultiView", "item_settings", "read_views", "split_settings", "views_of_list"]
 
 #: The most views one loader batches (DINO's recipes use 2 global + up to 10 local crops).
 MAX_VIEWS = 32
@@ -154,3 +154,29 @@ def views_of_list(transforms: Sequence[Any]) -> MultiView:
         raise ConfigError(f"transform= a list of {n} transform(s); a multi-view list needs one transform per view, at least two")
     views = tuple(_translated(f, f"view {i + 1} of {n} (transform[{i}])") for i, f in enumerate(transforms))
     return MultiView(views, sources=tuple(f"view {i + 1} of {n} (transform[{i}])" for i in range(n)))
+
+
+def split_settings(settings: Any, given: dict[str, Any]) -> tuple[Any, MultiView | None]:
+    """A loader's Augment (a multi-view transform's first view's) and its MultiView (None for one view), from its
+    translated ``settings`` and the flat keywords ``given`` (refused with a multi-view transform)."""
+    from .augment.settings import Augment
+
+    if isinstance(settings, MultiView):
+        if given:
+            raise ConfigError(
+                f"{', '.join(f'{k}=' for k in given)} given with a multi-view transform: each view's settings come from "
+                "its own transform; set them there"
+            )
+        return settings.first, settings
+    return Augment.merged(settings, given), None
+
+
+def item_settings(views: MultiView, seed: int) -> list[dict[str, Any]]:
+    """Each view's settings as ``loader.dataset`` processes an item with them, with the seed that view draws from."""
+    from .augment import view_seed
+
+    return [
+        {"train": True, "crop": a.crop, "resize": a.resize_side, "scale": a.scale, "ratio": a.ratio, "flip": a.flip,
+         "mean": a.mean, "std": a.std, "seed": view_seed(seed, v), "interpolation": a.interpolation}
+        for v, a in enumerate(views.views)
+    ]  # fmt: skip
