@@ -349,7 +349,7 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
     ``spec.stage``) and ``(encoded uint8 arrays, resized sizes float32 [h, w], crop corners
     float32 [x, y])`` for evaluation (see :func:`fastload.augment.eval_params`), or raises
     ``StopIteration`` at the end of an epoch. Returns the built pipeline, whose single output
-    is the image batch.
+    is the image batch (a multi-view ``spec.views``: :func:`build_views_pipeline`, one output per view).
     """
     if spec.views:
         return build_views_pipeline(spec, source)

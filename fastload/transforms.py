@@ -49,6 +49,14 @@ Training augmentations after the crop become the Augment's ``jitter`` (``ColorJi
 and the like, read by :mod:`fastload.augment.readaug`) and ``erasing`` (``RandomErasing`` after the last
 ``Normalize``); colour steps in another order than policy, jitter, grayscale: one chain, in order.
 
+A multi-view transform (one returning a list of views: MoCo's ``TwoCropsTransform``, SimCLR's,
+DINO's multi-crop), or a list of one transform per view, becomes a
+:class:`fastload.multiview.MultiView`: each view's transform found and translated on its own
+(:func:`fastload.multiview.read_views`). MoCo's and DINO's own ``GaussianBlur``/``Solarize``/
+``Solarization`` classes are chain operations (:mod:`fastload.augment.recipes`, checked on a probe);
+any other unknown class is refused by its name (an ``<... object at 0x...>`` inside a step's repr
+is shown as ``Class()``).
+
 Interpolation: ``NEAREST``, ``BILINEAR`` (the default), ``BICUBIC`` and ``LANCZOS`` (or PIL's
 codes for them, as timm passes), kept as ``Augment.interpolation``: PIL's filter on the CPU
 training path, DALI's ``INTERP_NN`` and antialiased ``INTERP_LINEAR``/``CUBIC``/``LANCZOS3``
