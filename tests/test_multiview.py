@@ -1,7 +1,7 @@
 """Multi-view transforms (MoCo v2/v3, SimCLR, DINO's multi-crop) served as a DataLoader serves them.
 
 Oracles: the recipes' own classes, defined here as their public repositories define them
-(``moco/loader.py``, DINO's ``main_dino.py`` and ``utils.py``), run by a ``DataLoader`` over the
+(``moco/loader.py``, SimCLR's ``data_aug/view_generator.py``, DINO's ``main_dino.py`` and ``utils.py``), run by a ``DataLoader`` over the
 same ImageFolder with an identically seeded sampler (labels position by position, the batch's
 structure and every view's shape); PIL's own ``GaussianBlur``/``solarize`` through the recipes'
 classes (per pixel); the laws (blur radius, solarization gate) compared with what the same
@@ -60,6 +60,17 @@ class MocoV3TwoCropsTransform:
         im1 = self.base_transform1(x)
         im2 = self.base_transform2(x)
         return [im1, im2]
+
+
+class ContrastiveLearningViewGenerator(object):
+    """Take two random crops of one image as the query and key."""
+
+    def __init__(self, base_transform, n_views=2):
+        self.base_transform = base_transform
+        self.n_views = n_views
+
+    def __call__(self, x):
+        return [self.base_transform(x) for i in range(self.n_views)]
 
 
 class GaussianBlur(object):
@@ -236,7 +247,7 @@ def _structure(batch):
 
 
 # ----------------------------------------------------------------------------- batches as a DataLoader's
-@pytest.mark.parametrize("recipe", ["moco_v2", "moco_v3", "dino"])
+@pytest.mark.parametrize("recipe", ["moco_v2", "moco_v3", "simclr", "dino"])
 def test_batches_are_the_dataloaders_views_and_labels(noise_root, cache, recipe):
     """Oracle: a DataLoader over the same ImageFolder with the recipe's own transform and a sampler seeded alike:
     every batch ``[views, labels]``, each view its own size and dtype, labels equal at every position."""
@@ -244,6 +255,8 @@ def test_batches_are_the_dataloaders_views_and_labels(noise_root, cache, recipe)
         t = TwoCropsTransform(moco_v2(24))
     elif recipe == "moco_v3":
         t = MocoV3TwoCropsTransform(*moco_v3(24))
+    elif recipe == "simclr":  # SimCLR's view generator, three views of its base transform
+        t = ContrastiveLearningViewGenerator(moco_v2(20), n_views=3)
     else:
         t = DataAugmentationDINO((0.4, 1.0), (0.05, 0.4), 3)
     ds = ImageFolder(str(noise_root), transform=t)
