@@ -21,6 +21,9 @@ PILToTensor, ConvertImageDtype, Normalize, RandomErasing(0.25). ``--transform de
 ``timm.data.create_transform(224, is_training=True, auto_augment="rand-m9-mstd0.5-inc1",
 interpolation="bicubic", re_prob=0.25, re_mode="pixel")``. DALI's RandAugment has no magnitude
 noise (timm's ``mstd0.5``) and its erasing fills a constant, not pixel noise: same work, near enough.
+``--transform mocov3`` and ``--transform dino`` are MoCo v3's two views and DINO's multi-crop (2 x 224
++ 6 x 96), their own blur and solarization classes included, batches ``[views, labels]``: FastLoader
+and DataLoader only (no DALI row).
 
 Each measurement is one process of its own: a warm-up epoch, then one timed epoch. Within a
 repeat the loaders take turns at going first. ``--with-gil-thread`` measures every loader a
@@ -91,12 +94,121 @@ class GilThread:
             self.thread.join()
 
 
+#: The recipes whose transform returns several views of each image (DALI has no graph of them here).
+MULTI_VIEW = ("mocov3", "dino")
+
+
+class GaussianBlur:
+    """MoCo's blur (``moco/loader.py``): PIL's GaussianBlur, its radius uniform in ``sigma``."""
+
+    def __init__(self, sigma=(0.1, 2.0)):
+        self.sigma = sigma
+
+    def __call__(self, x):
+        import random
+
+        from PIL import ImageFilter
+
+        return x.filter(ImageFilter.GaussianBlur(radius=random.uniform(self.sigma[0], self.sigma[1])))
+
+
+class Solarize:
+    """MoCo v3's solarization: ``ImageOps.solarize`` (threshold 128)."""
+
+    def __call__(self, x):
+        from PIL import ImageOps
+
+        return ImageOps.solarize(x)
+
+
+class TwoCrops:
+    """MoCo v3's ``TwoCropsTransform``: one view from each of its two transforms."""
+
+    def __init__(self, base_transform1, base_transform2):
+        self.base_transform1, self.base_transform2 = base_transform1, base_transform2
+
+    def __call__(self, x):
+        return [self.base_transform1(x), self.base_transform2(x)]
+
+
+class DinoBlur:
+    """DINO's ``utils.GaussianBlur(p, radius_min, radius_max)``."""
+
+    def __init__(self, p=0.5, radius_min=0.1, radius_max=2.0):
+        self.prob, self.radius_min, self.radius_max = p, radius_min, radius_max
+
+    def __call__(self, img):
+        import random
+
+        from PIL import ImageFilter
+
+        if not random.random() <= self.prob:
+            return img
+        return img.filter(ImageFilter.GaussianBlur(radius=random.uniform(self.radius_min, self.radius_max)))
+
+
+class Solarization:
+    """DINO's ``utils.Solarization(p)``."""
+
+    def __init__(self, p):
+        self.p = p
+
+    def __call__(self, img):
+        import random
+
+        from PIL import ImageOps
+
+        return ImageOps.solarize(img) if random.random() < self.p else img
+
+
+DinoBlur.__name__ = DinoBlur.__qualname__ = "GaussianBlur"  # DINO's class name
+
+
+class MultiCrop:
+    """DINO's ``DataAugmentationDINO``: two global crops (224), then ``local_crops_number`` local ones (96)."""
+
+    def __init__(self, global_transfo1, global_transfo2, local_crops_number, local_transfo):
+        self.global_transfo1, self.global_transfo2 = global_transfo1, global_transfo2
+        self.local_crops_number, self.local_transfo = local_crops_number, local_transfo
+
+    def __call__(self, image):
+        return [self.global_transfo1(image), self.global_transfo2(image)] + [
+            self.local_transfo(image) for _ in range(self.local_crops_number)
+        ]
+
+
+def multi_view_transform(name: str) -> Any:
+    """MoCo v3's two views (``main_moco.py``'s augmentation1/2) or DINO's 2 global + 6 local crops (``main_dino.py``)."""
+    from torchvision import transforms as T
+    from torchvision.transforms import InterpolationMode
+
+    norm = [T.ToTensor(), T.Normalize(MEAN, STD)]
+    if name == "mocov3":
+        common = [T.RandomResizedCrop(CROP, scale=(0.08, 1.0)), T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
+                  T.RandomGrayscale(p=0.2)]  # fmt: skip
+        return TwoCrops(
+            T.Compose([*common, T.RandomApply([GaussianBlur([0.1, 2.0])], p=1.0), T.RandomHorizontalFlip(), *norm]),
+            T.Compose([*common, T.RandomApply([GaussianBlur([0.1, 2.0])], p=0.1), T.RandomApply([Solarize()], p=0.2),
+                       T.RandomHorizontalFlip(), *norm]),
+        )  # fmt: skip
+    jitter = [T.RandomHorizontalFlip(p=0.5), T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
+              T.RandomGrayscale(p=0.2)]  # fmt: skip
+    crop = lambda side, scale: T.RandomResizedCrop(side, scale=scale, interpolation=InterpolationMode.BICUBIC)  # noqa: E731
+    return MultiCrop(
+        T.Compose([crop(CROP, (0.4, 1.0)), *jitter, DinoBlur(1.0), *norm]),
+        T.Compose([crop(CROP, (0.4, 1.0)), *jitter, DinoBlur(0.1), Solarization(0.2), *norm]),
+        6, T.Compose([crop(96, (0.05, 0.4)), *jitter, DinoBlur(p=0.5), *norm]),
+    )  # fmt: skip
+
+
 def build_transform(name: str) -> Any:
-    """The per-image torchvision / timm training transform ``name`` (``ta`` or ``deit``)."""
+    """The per-image torchvision / timm training transform ``name`` (``ta``, ``deit``, ``mocov3`` or ``dino``)."""
     import torch
     from torchvision import transforms as T
     from torchvision.transforms import InterpolationMode
 
+    if name in MULTI_VIEW:
+        return multi_view_transform(name)
     if name == "deit":
         from timm.data import create_transform
 
@@ -236,10 +348,10 @@ def machine() -> dict:
 
 def measure(a: argparse.Namespace, roots: list[str]) -> tuple[dict, dict]:
     """Every measurement, repeat by repeat, the loaders taking turns at going first; ``(runs, ratios)``."""
-    names = [f"FastLoader[{i}]" for i in range(len(roots))] + ["DataLoader", "DALI"]
+    names = [f"FastLoader[{i}]" for i in range(len(roots))] + ["DataLoader"] + ([] if a.transform in MULTI_VIEW else ["DALI"])
     conditions = ["alone", "gil"] if a.with_gil_thread else ["alone"]
     runs = {c: {n: [] for n in names} for c in conditions}
-    ratios = {c: {f"{f} / {o}": [] for f in names if f.startswith("FastLoader") for o in ("DataLoader", "DALI")}
+    ratios = {c: {f"{f} / {o}": [] for f in names if f.startswith("FastLoader") for o in names if not o.startswith("Fast")}
               for c in conditions}  # fmt: skip
     for r in range(a.repeats):
         for c in conditions:
@@ -291,7 +403,9 @@ def report(s: dict) -> str:
     after = ", ".join(f"{x:.1f}" for x in s["load_average_after"])
     what = {"ta": "TrivialAugmentWide + RandomErasing(0.25) + bicubic (torchvision's references)",
             "deit": "DeiT's training transform (timm RandAugment rand-m9-mstd0.5-inc1, bicubic, "
-                    "pixel erasing 0.25)"}  # fmt: skip
+                    "pixel erasing 0.25)",
+            "mocov3": "MoCo v3's two views (jitter, grayscale, MoCo's blur, solarize)",
+            "dino": "DINO's multi-crop (2 x 224 + 6 x 96, jitter, grayscale, DINO's blur and solarization)"}  # fmt: skip
     roots = "".join(f"\n- `FastLoader[{i}]`: fastload from {r}" for i, r in enumerate(s["roots"]))
     page = f"""# {what[s['transform']]}: FastLoader, DataLoader and DALI
 
@@ -316,7 +430,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cache", default=str(ROOT / "data" / "bench-cache"))
     ap.add_argument("--out", default=None, help="path prefix of the .md and .json written")
-    ap.add_argument("--transform", choices=("ta", "deit"), default="ta")
+    ap.add_argument("--transform", choices=("ta", "deit", *MULTI_VIEW), default="ta")
     ap.add_argument("--with-gil-thread", action="store_true",
                     help="also measure each loader beside a GIL-holding thread")  # fmt: skip
     ap.add_argument("--root", action="append", default=None, help="a checkout to import fastload from (repeatable)")
@@ -341,9 +455,9 @@ def main() -> None:
             **{f"FastLoader[{i}]": f"`FastLoader(ImageFolder(transform), {BATCH}, device=\"{a.device}\")` [{i}]"
                for i in range(len(roots))},
             "DataLoader": f"`DataLoader(ImageFolder(transform), {BATCH}, num_workers={len(os.sched_getaffinity(0))})`",
-            "DALI": "DALI `readers.file` + `decoders.image_random_crop` + `resize` + "
+            **({} if a.transform in MULTI_VIEW else {"DALI": "DALI `readers.file` + `decoders.image_random_crop` + `resize` + "
                     + ("`rand_augment(n=2, m=9)`" if a.transform == "deit" else "`trivial_augment_wide()`")
-                    + " + `erase` + `crop_mirror_normalize`",
+                    + " + `erase` + `crop_mirror_normalize`"}),
         },
         "runs": runs, "ratios": ratios, "load_average_before": load_before, "load_average_after": os.getloadavg(),
         "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import dataclasses
 import os
 import threading
 import weakref
@@ -21,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .augment import eval_params, train_params
+from .augment import eval_params, train_params, view_seed
 from .errors import FastloadError, FormatError, LoaderError
 from .format import DEFAULT_MAX_PIXELS
 from .augment.stage import GraphStage
@@ -78,6 +79,15 @@ def _stage(augment: Augment) -> GraphStage | None:
     return stage if stage.active else None
 
 
+def _normalisation(augment: Augment) -> tuple[list[float] | None, list[float] | None, str]:
+    """The graph's mean and std (0..255 units; None for uint8) and output dtype name of ``augment``."""
+    if augment.mean is None:
+        return None, None, "uint8"
+    mean = [m * 255.0 for m in augment.mean]
+    std = [s * 255.0 for s in augment.std]  # type: ignore[union-attr]
+    return mean, std, "float16" if augment.out_dtype == torch.float16 else "float32"
+
+
 #: The most pixels an evaluation resize may produce for one image (format.DEFAULT_MAX_PIXELS, PIL's bomb limit).
 MAX_RESIZE_PIXELS = DEFAULT_MAX_PIXELS
 
@@ -112,6 +122,8 @@ class Core:
         device: where batches are made.
         augment: what is done to each image.
         num_threads, prefetch, seed, hw_decoder_load: the loader's settings of those names.
+        views: a multi-view transform's :class:`~fastload.multiview.MultiView` (``augment`` its first view's), or
+            None: one output per view, each view's draws from :func:`~fastload.augment.draws.view_seed`.
     """
 
     #: ``FastLoader(fields=...)``'s :class:`fastload.fieldbatch.FieldRequest`, or None (batches ``[images, labels]``)
@@ -120,6 +132,7 @@ class Core:
     def __init__(
         self, *, dataset: Dataset, plan: Any, max_batch: int, labels: np.ndarray, device: torch.device,
         augment: Augment, num_threads: int, prefetch: int, seed: int, hw_decoder_load: float | None,
+        views: Any = None,
     ) -> None:  # fmt: skip
         self.dataset, self.plan, self.max_batch, self.labels = dataset, plan, max_batch, labels
         self.device, self.augment = device, augment
@@ -129,11 +142,14 @@ class Core:
         self.channels_last = augment.channels_last
         self.interpolation = augment.interpolation
         # CPU training batches are resized and normalised on the host (faster than DALI's CPU resize)
-        self.stage = _stage(augment) if self.train else None
+        self.views: tuple[Augment, ...] | None = None if views is None else tuple(views.views)
+        self.stages = None if self.views is None else [_stage(a) for a in self.views]
+        self.stage = _stage(augment) if self.train and self.views is None else None
         # CPU training batches are resized and normalised on the host (faster than DALI's CPU resize), unless
         # they are augmented: then the whole graph runs in DALI, as on a GPU (beside a training loop's Python
         # the host finish's per-image GIL hand-offs cost 5x: measured, benchmarks/results/augment-*)
-        self.host_finish = self.device.type == "cpu" and self.train and self.stage is None and augment.pad_crop is None
+        self.host_finish = (self.device.type == "cpu" and self.train and self.stage is None and augment.pad_crop is None
+                            and self.views is None)
         self.pads = (0, 0, 0, 0)  # what the graph pads a RandomCrop's image by (its non-constant modes)
         if augment.pad_crop is not None and augment.pad_crop.mode != "constant":
             from .augment.padcrop import static_pads
@@ -221,13 +237,7 @@ class Core:
     def build(self):
         """The DALI pipeline for these settings, fed by :meth:`source`."""
         gpu = self.device.type == "cuda"
-        if self.mean is None:
-            mean = std = None
-            out = "uint8"
-        else:
-            mean = [m * 255.0 for m in self.mean]
-            std = [s * 255.0 for s in self.std]  # type: ignore[union-attr]
-            out = "float16" if self.dtype == torch.float16 else "float32"
+        mean, std, out = _normalisation(self.augment)
         spec = GraphSpec(
             batch_size=self.max_batch,  # never more than a batch can hold
             num_threads=self.num_threads,
@@ -250,6 +260,11 @@ class Core:
             # the mixed decoder's buffers, sized from the dataset's recorded image sizes
             **decoder_sizing(self.dataset.manifest.stats, max_pixels=self.dataset.manifest.max_pixels).fields(),
         )
+        if self.views is not None:  # one spec per view: its crop, filter, normalisation and stage
+            spec = dataclasses.replace(spec, views=tuple(
+                dataclasses.replace(spec, crop=a.crop, interpolation=a.interpolation, stage=st, **dict(zip(("mean", "std", "out_dtype"), _normalisation(a))))
+                for a, st in zip(self.views, self.stages)
+            ))  # fmt: skip
         # DALI aborts the process when it cannot start a thread: ask for as many first (measured: a
         # CPU pipeline of N threads starts 2N + 3; the epoch thread and a margin on top)
         probe(2 * self.num_threads + 8, what=f"the DALI pipeline ({self.num_threads} CPU threads)")
@@ -288,6 +303,8 @@ class Core:
             sizes, corners = eval_params(widths, heights, resize=self.resize, crop=self.crop)
             self._refuse_huge_resizes(run, batch, enc, widths, heights, sizes, corners)
             return (encoded_batch(enc), sizes, corners)
+        if self.views is not None:
+            return (encoded_batch(enc), *self._views_feed(run.epoch, batch.positions, widths, heights))
         a = self.augment
         if a.pad_crop is not None:
             return self._pad_crop_feed(run, batch, enc, widths, heights)
@@ -325,6 +342,19 @@ class Core:
         if self.stage is not None:
             return (encoded_batch(enc), corners, shapes, flips, *self.stage_feed(run.epoch, batch.positions))
         return (encoded_batch(enc), corners, shapes, flips)
+
+    def _views_feed(self, epoch: int, positions: np.ndarray, widths: np.ndarray, heights: np.ndarray) -> list:
+        """Per view: its crop windows, flips and stage inputs, drawn from its own seed (view 0's: the loader's)."""
+        out: list = []
+        layout = "HWC" if self.channels_last else "CHW"
+        for v, (a, stage) in enumerate(zip(self.views, self.stages)):
+            seed = view_seed(self.seed, v)
+            boxes, flips = train_params(widths, heights, seed=seed, epoch=epoch, positions=positions, scale=a.scale,
+                                        ratio=a.ratio, flip=a.flip)  # fmt: skip
+            out += [np.ascontiguousarray(boxes[:, :2]), np.ascontiguousarray(boxes[:, 2:]), flips]
+            if stage is not None:
+                out += stage.feed(seed=seed, epoch=epoch, positions=positions, layout=layout)
+        return out
 
     def stage_feed(self, epoch: int, positions: np.ndarray) -> list:
         """The augmentation stage's inputs for one batch (:meth:`fastload.augment.stage.GraphStage.feed`)."""

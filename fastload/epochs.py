@@ -114,7 +114,7 @@ class EpochRun:
                     continue  # drain what DALI already scheduled
                 if batch.number in self.errors:
                     raise self.errors.pop(batch.number)
-                item = self._convert(outs[0], batch)
+                item = self._convert(outs if core.views is not None else outs[0], batch)
                 if item is not None and core.fields is not None:  # FastLoader(fields=...): the batch's typed fields
                     item = (*item, core.dataset.field_values(batch.indices) if core.fields.stored else [{}] * len(batch.indices))
                 if not self._put(item):
@@ -160,13 +160,13 @@ class EpochRun:
         )  # fmt: skip
         return images, torch.from_numpy(labels_np), None
 
-    def _to_torch(self, dali_tensor) -> torch.Tensor:
-        """A dense DALI batch as the loader's torch tensor (NCHW, or its channels-last view), on its side stream."""
+    def _to_torch(self, dali_tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A dense DALI batch as the loader's torch tensor (NCHW, or its channels-last view), on its side stream;
+        ``dtype``: a view's own output dtype (default the loader's)."""
         core = self.core
         shape = dali_tensor.shape()
-        torch_dtype = torch.uint8 if core.dtype == torch.uint8 else (
-            torch.float16 if core.dtype == torch.float16 else torch.float32
-        )
+        dtype = core.dtype if dtype is None else dtype
+        torch_dtype = torch.uint8 if dtype == torch.uint8 else (torch.float16 if dtype == torch.float16 else torch.float32)
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
         if core.stream is None:
@@ -175,7 +175,7 @@ class EpochRun:
         else:
             images = torch.empty(shape, dtype=torch_dtype, device=core.device)
             feed_ndarray(dali_tensor, images, cuda_stream=core.stream)
-        if core.dtype == torch.bfloat16:
+        if dtype == torch.bfloat16:
             images = images.to(torch.bfloat16)
         if core.channels_last:
             images = images.permute(0, 3, 1, 2)  # NHWC storage == channels_last NCHW view
@@ -189,11 +189,16 @@ class EpochRun:
             if done is None:  # stopping
                 return None
             return done
+        def images_of(tl: Any) -> Any:
+            if core.views is None:
+                return self._to_torch(tl.as_tensor())
+            return [self._to_torch(t.as_tensor(), a.out_dtype) for t, a in zip(tl, core.views)]  # one tensor per view
+
         if core.stream is None:
-            return self._to_torch(tl.as_tensor()), torch.from_numpy(labels_np), None
+            return images_of(tl), torch.from_numpy(labels_np), None
         stream = core.stream
         with torch.cuda.stream(stream):
-            images = self._to_torch(tl.as_tensor())
+            images = images_of(tl)
             labels = torch.from_numpy(labels_np).pin_memory().to(core.device, non_blocking=True)
             event = torch.cuda.Event()
             event.record(stream)
@@ -315,12 +320,15 @@ class EpochIterator:
         if event is not None:
             current = torch.cuda.current_stream(self._device)
             current.wait_event(event)
-            images.record_stream(current)
+            for t in images if isinstance(images, list) else [images]:
+                t.record_stream(current)
             labels.record_stream(current)
         run.yielded += 1
         if fields:  # FastLoader(fields=...): a FieldBatch in the order asked for
             return run.core.fields.collate(images, labels, fields[0], self._device)
         if self._collate is not None:  # as a DataLoader calls it: on the (image, label) items
+            if isinstance(images, list):  # a multi-view transform's: each item's image is its list of views
+                return self._collate(list(zip(map(list, zip(*(v.unbind(0) for v in images))), labels.tolist())))
             return self._collate(list(zip(images.unbind(0), labels.tolist())))
         return [images, labels]  # a list, as DataLoader's default collation of (image, label) items gives
 

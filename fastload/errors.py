@@ -68,6 +68,10 @@ class FastloadError(Exception):
     def __str__(self) -> str:
         return capped(super().__str__())
 
+    def __format__(self, spec: str) -> str:
+        """The whole message: an error quoted inside another's message (``f"...: {e}"``) is capped once, there."""
+        return format(self.details, spec)
+
 
 class ConfigError(FastloadError, ValueError):
     """An argument or option has a value fastload cannot use."""

@@ -43,6 +43,7 @@ from .resume import STATE_VERSION, Shape, make_state, merge_states, resume_posit
 from .sampler import MAX_BATCH, MAX_SEED, EpochSampler, check_order, choose_order, order_options
 from .augment.settings import FIELDS, IMAGENET_MEAN, IMAGENET_STD, MAX_SIDE, Augment
 from .views import LoaderDataset
+from .multiview import MultiView, item_settings, split_settings as _settings
 
 __all__ = ["FastLoader", "IMAGENET_MEAN", "IMAGENET_STD", "MAX_SIDE", "MAX_THREADS", "STATE_VERSION"]
 
@@ -174,9 +175,10 @@ def _is_torch_dataset(obj: Any) -> bool:
     return isinstance(obj, torch.utils.data.Dataset) or hasattr(obj, "samples")
 
 
-def _translated(transform: Any, image: tuple[int, int, int] | None = None) -> Augment | None:
-    """``transform`` (an Augment, or a torchvision transform translated knowing ``image``, every image's size) as an Augment."""
-    if transform is None or isinstance(transform, Augment):
+def _translated(transform: Any, image: tuple[int, int, int] | None = None) -> Augment | MultiView | None:
+    """``transform`` (an Augment, a MultiView or a torchvision transform translated knowing ``image``, every image's
+    size) as an Augment, or a MultiView for a multi-view transform (or a list of one transform per view); None stays None."""
+    if transform is None or isinstance(transform, (Augment, MultiView)):
         return transform
     from .transforms import translate
 
@@ -201,6 +203,8 @@ def _resolve_source(dataset: Any, transform: Any) -> _Source:
         if transform is not None:
             return _Source("view", dataset, _translated(transform), transform, dataset.target_transform)
         settings = {k: v for k, v in dataset.settings.items() if k in FIELDS}  # the view also holds the seed
+        if "views" in dataset.settings:  # a multi-view loader's: its transform read again, every view
+            settings = _translated(dataset.transform)
         return _Source("view", dataset, settings, dataset.transform, dataset.target_transform)
     if _is_torch_dataset(dataset):
         from .datasets import plan_dataset
@@ -283,7 +287,10 @@ class FastLoader:
         transform: a :class:`fastload.Augment`, or a torchvision transform translated into one
             (:func:`fastload.transforms.translate`): the image settings below in one object, for
             any dataset (it replaces a torchvision dataset's own ``transform``). The flat keywords
-            below, where given, override its values.
+            below, where given, override its values. A multi-view transform (MoCo's, SimCLR's,
+            DINO's: it returns a list of views), a list of one transform per view, or a
+            :class:`fastload.multiview.MultiView` gives ``[views, labels]`` batches, ``views`` a list
+            of one tensor per view (each image decoded once; the flat keywords are refused then).
         train: random-resized crop + flip (True) or resize + center crop (False).
         crop: output side in pixels.
         scale, ratio: random-resized-crop area fraction and aspect ratio ranges (torchvision semantics).
@@ -428,7 +435,7 @@ class FastLoader:
         given = dict(train=train, crop=crop, scale=scale, ratio=ratio, flip=flip, resize=resize, mean=mean, std=std,
                      dtype=dtype, channels_last=channels_last, interpolation=interpolation)  # fmt: skip
         batch_size = _check_batch_size(batch_size, batch_sampler)
-        augment = Augment.merged(source.settings, {k: v for k, v in given.items() if _given(k, v)})
+        augment, self._views = _settings(source.settings, {k: v for k, v in given.items() if _given(k, v)})
         if shuffle is None:  # DataLoader's default (False) wherever a DataLoader call is being replaced
             user_order = sampler is not None or batch_sampler is not None or source.kind == "torchvision"
             shuffle = False if user_order else augment.train
@@ -461,7 +468,7 @@ class FastLoader:
             "dataset": packed if isinstance(packed, DatasetView) else (getattr(packed, "url", None) or str(packed.path)), "batch_size": batch_size, "shuffle": shuffle, "sampler": sampler,
             "batch_sampler": batch_sampler, "drop_last": drop_last, "generator": generator, **ignored,
             "collate_fn": collate_fn,
-            "transform": augment, "device": None if device is None else str(self.device),
+            "transform": self._views or augment, "device": None if device is None else str(self.device),
             "num_threads": self.num_threads, "prefetch": prefetch, "seed": seed, "rank": rank, "world_size": world_size,
             "pad": pad, "order": order, "block_size": block_size, "window": window, "hw_decoder_load": hw_decoder_load,
             "check": check, "target_transform": target_transform, **(packed.remote.options if getattr(packed, "remote", None) else {}), **({"fields": fields, "pad_to": pad_to} if fields is not None else {}),
@@ -542,11 +549,15 @@ class FastLoader:
         self._make_plan()
 
     def _view_settings(self) -> dict[str, Any]:
-        """The image settings ``loader.dataset`` processes its items with."""
-        return {"train": self.train, "crop": self.crop, "resize": self.resize, "scale": self.scale,
-                "ratio": self.ratio, "flip": self.flip, "mean": self.mean, "std": self.std, "seed": self.seed,
-                "interpolation": self.augment.interpolation, "pad_crop": self.augment.pad_crop,
-                "channels": self.augment.channels}  # fmt: skip
+        """The image settings ``loader.dataset`` processes its items with (a multi-view transform's: its first view's,
+        and under ``"views"`` each view's, with the seed that view draws from)."""
+        out = {"train": self.train, "crop": self.crop, "resize": self.resize, "scale": self.scale,
+               "ratio": self.ratio, "flip": self.flip, "mean": self.mean, "std": self.std, "seed": self.seed,
+               "interpolation": self.augment.interpolation, "pad_crop": self.augment.pad_crop,
+               "channels": self.augment.channels}  # fmt: skip
+        if self._views is not None:
+            out["views"] = item_settings(self._views, self.seed)
+        return out
 
     def _retransform(self, transform: Any) -> dict[str, Any]:
         """``loader.dataset.transform = transform``: run it from the next ``iter()`` on (a new pipeline).
@@ -554,7 +565,9 @@ class FastLoader:
         The flat keywords given to the constructor still override it, as they override a transform
         given there. Returns the view's new settings; a ConfigError leaves everything as it was.
         """
-        augment = Augment.merged(_translated(transform, self._image) or Augment(), self._given)
+        augment, views = _settings(_translated(transform, self._image) or Augment(), self._given)
+        if views is not None and self._fields is not None:
+            raise ConfigError("a multi-view transform with fields=: a FieldBatch holds one image per sample")
         if augment.pad_crop is not None and augment.pad_crop.mode != "constant":  # its refusal before any change
             from .augment.padcrop import static_pads
 
@@ -562,7 +575,8 @@ class FastLoader:
         with self._iter_lock:
             old = self._core
             self._keep_augment(augment)
-            self._init.update(transform=augment)
+            self._views = views
+            self._init.update(transform=views or augment)
             self._finalizer.detach()
             self._core = self._make_core()
             self._finalizer = weakref.finalize(self, self._core.close)
@@ -575,7 +589,7 @@ class FastLoader:
         core = Core(
             dataset=self.packed, plan=self._plan, max_batch=self._max_batch, labels=self._labels, device=self.device,
             augment=self.augment, num_threads=self.num_threads, prefetch=self.prefetch, seed=self.seed,
-            hw_decoder_load=self.hw_decoder_load,
+            hw_decoder_load=self.hw_decoder_load, views=self._views,
         )  # fmt: skip
         if self.order == "block" and self.shuffle:  # ReadAhead reads each run once, sequentially
             core.read_ahead.runs = self.block_size
@@ -584,6 +598,8 @@ class FastLoader:
 
     def _check_fields(self, packed: Dataset, fields: Any, pad_to: Any) -> Any:
         """``fields=`` and ``pad_to=`` checked against the dataset's schema (None: ``[images, labels]`` batches)."""
+        if fields is not None and self._views is not None:
+            raise ConfigError("fields= with a multi-view transform: a FieldBatch holds one image per sample; use one view's transform")
         if fields is None:
             if pad_to is not None:
                 raise ConfigError(f"pad_to={pad_to!r} is given without fields=; name the ragged fields to pad, e.g. fields=('image', 'tokens')")

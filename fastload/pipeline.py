@@ -13,6 +13,8 @@ On the CPU, training graphs stop after the ROI decode (``host_finish``): measure
 pillow-simd's SIMD resize, so the loader finishes those batches itself (see
 ``fastload.host.finish_crops``). Augmented training batches (``spec.stage``) run the whole graph
 in DALI on both devices: the crop, the flip, the stage's operations, the normalisation, the erasing.
+A multi-view transform's graph (:func:`build_views_pipeline`) decodes each image once, whole, and
+cuts, resizes, flips, augments and normalises each view from it, one output per view.
 
 Every decoder runs with ``adjust_orientation=False``: ``fastload pack`` stores payloads
 upright (EXIF orientation applied, the record header giving the upright size), so a payload
@@ -116,6 +118,8 @@ class GraphSpec:
     pad_crop: Any = None
     pads: tuple[int, int, int, int] = (0, 0, 0, 0)
     channels: int = 3  # 1: the first channel only (grayscale datasets)
+    # a multi-view transform: one GraphSpec per view (its crop, interpolation, normalisation, stage), else ()
+    views: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,6 +302,60 @@ def _stage_inputs(spec: GraphSpec) -> tuple[list, list, list]:
     return [dt[k[0]] for k in kinds], [k[1] for k in kinds], [k[2] for k in kinds]
 
 
+def _resize_kw(spec: GraphSpec) -> dict:
+    """``fn.resize``'s filter for ``spec``: torchvision's PIL path, antialiased except nearest (PIL's NEAREST picks)."""
+    _, _, types = import_dali()
+    interp = {"nearest": types.INTERP_NN, "bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC,
+              "lanczos": types.INTERP_LANCZOS3}[spec.interpolation]  # fmt: skip
+    return {"interp_type": interp, "antialias": spec.interpolation != "nearest"}
+
+
+def _view(view: GraphSpec, img: Any, anchor: Any, shape: Any, flip: Any, inputs: Sequence[Any], device: str) -> Any:
+    """One view of the decoded images ``img``: its crop window ``anchor`` ``[x, y]`` / ``shape`` ``[w, h]`` cut out,
+    resized to its crop, flipped where ``flip``, its stage's operations, normalised (and erased)."""
+    _, fn, _ = import_dali()
+    img = fn.slice(img, anchor, shape, axis_names="WH", normalized_anchor=False, normalized_shape=False)
+    img = fn.resize(img, device=device, size=[view.crop, view.crop], **_resize_kw(view))
+    if view.stage is not None:
+        img = fn.flip(img, device=device, horizontal=flip, vertical=0)
+        return _augmented(view, img, inputs, device)
+    return fn.crop_mirror_normalize(img, device=device, mirror=flip, **_normalise_kw(view))
+
+
+def build_views_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
+    """The graph of a multi-view transform (``spec.views``): each image decoded once, whole, then per view its own
+    window cut out and finished as :func:`_view` does. ``source()`` returns ``(encoded uint8 arrays, *per view: anchors
+    float32 [x, y], shapes float32 [w, h], flips int32, the view's stage inputs)``; the pipeline has one output per view.
+    """
+    dali, fn, types = import_dali()
+    gpu = spec.device_id is not None
+    op_device = "gpu" if gpu else "cpu"
+    kinds = [_stage_inputs(v) if v.stage is not None else ([], [], []) for v in spec.views]
+    dtypes, ndims, layouts = [types.UINT8], [1], [""]
+    for d, n, lay in kinds:
+        dtypes += [types.FLOAT, types.FLOAT, types.INT32, *d]
+        ndims += [1, 1, 0, *n]
+        layouts += ["", "", "", *lay]
+
+    @dali.pipeline_def(batch_size=spec.batch_size, num_threads=graph_threads(spec), device_id=spec.device_id,
+                       prefetch_queue_depth=spec.prefetch, seed=0,
+                       enable_conditionals=any(v.stage is not None for v in spec.views))  # fmt: skip
+    def graph():
+        enc, *rest = fn.external_source(source=source, num_outputs=len(dtypes), batch=True, dtype=dtypes, ndim=ndims,
+                                        layout=layouts)  # fmt: skip
+        img = fn.decoders.image(enc, device="mixed" if gpu else "cpu", **decoder_args(spec))
+        outs, i = [], 0
+        for view, (d, _, _) in zip(spec.views, kinds):
+            anchor, shape, flip, *inputs = rest[i : i + 3 + len(d)]
+            i += 3 + len(d)
+            outs.append(_view(view, img, anchor, shape, flip, inputs, op_device))
+        return tuple(outs)
+
+    pipe = graph()
+    pipe.build()
+    return pipe
+
+
 def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
     """Build the DALI pipeline. ``source()`` returns one batch as a tuple of lists,
     ``(encoded uint8 arrays, anchors float32 [x, y], shapes float32 [w, h], flips int32)``
@@ -307,17 +365,16 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
     (torchvision's RandomCrop) the anchors and shapes are the windows of the padded image, decoded
     whole (:func:`fastload.augment.padcrop.pad_window`, not resized); or raises
     ``StopIteration`` at the end of an epoch. Returns the built pipeline, whose single output
-    is the image batch.
+    is the image batch (a multi-view ``spec.views``: :func:`build_views_pipeline`, one output per view).
     """
+    if spec.views:
+        return build_views_pipeline(spec, source)
     dali, fn, types = import_dali()
     gpu = spec.device_id is not None
     dec_device = "mixed" if gpu else "cpu"
     op_device = "gpu" if gpu else "cpu"
     dec_kw = decoder_args(spec)
-    interp = {"nearest": types.INTERP_NN, "bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC,
-              "lanczos": types.INTERP_LANCZOS3}[spec.interpolation]  # fmt: skip
-    # torchvision's PIL path: antialiased except nearest (PIL's NEAREST picks the source pixel)
-    resize_kw = {"interp_type": interp, "antialias": spec.interpolation != "nearest"}
+    resize_kw = _resize_kw(spec)  # torchvision's PIL path: antialiased except nearest (PIL's NEAREST picks the source pixel)
     staged = spec.train and not spec.host_finish and spec.stage is not None  # (host_finish has no stage)
     extra = _stage_inputs(spec) if staged else ([], [], [])
 

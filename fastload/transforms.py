@@ -58,6 +58,14 @@ Training augmentations after the crop become the Augment's ``jitter`` (``ColorJi
 and the like, read by :mod:`fastload.augment.readaug`) and ``erasing`` (``RandomErasing`` after the last
 ``Normalize``); colour steps in another order than policy, jitter, grayscale: one chain, in order.
 
+A multi-view transform (one returning a list of views: MoCo's ``TwoCropsTransform``, SimCLR's,
+DINO's multi-crop), or a list of one transform per view, becomes a
+:class:`fastload.multiview.MultiView`: each view's transform found and translated on its own
+(:func:`fastload.multiview.read_views`). MoCo's and DINO's own ``GaussianBlur``/``Solarize``/
+``Solarization`` classes are chain operations (:mod:`fastload.augment.recipes`, checked on a probe);
+any other unknown class is refused by its name (an ``<... object at 0x...>`` inside a step's repr
+is shown as ``Class()``).
+
 Interpolation: ``NEAREST``, ``BILINEAR`` (the default), ``BICUBIC`` and ``LANCZOS`` (or PIL's
 codes for them, as timm passes), kept as ``Augment.interpolation``: PIL's filter on the CPU
 training path, DALI's ``INTERP_NN`` and antialiased ``INTERP_LINEAR``/``CUBIC``/``LANCZOS3``
@@ -76,12 +84,13 @@ import operator
 import re
 from typing import TYPE_CHECKING, Any
 
-from .augment import readaug
+from .augment import readaug, recipes
 from .errors import ConfigError, printable
 from .tvkinds import Kinds, flatten, views
 
 if TYPE_CHECKING:  # pragma: no cover
     from .augment.settings import Augment
+    from .multiview import MultiView
 
 __all__ = ["translate"]
 
@@ -93,6 +102,10 @@ _NO_EQUIVALENT = "remove it from the dataset's transform, or apply it to the bat
 _TRAIN_HINT = "RandomResizedCrop(N) [+ RandomHorizontalFlip()] for training, or Resize(S) + CenterCrop(N) for evaluation"
 #: PIL's resampling codes, which torchvision also accepts as ``interpolation``.
 _PIL_CODES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+
+
+#: An object shown by ``object.__repr__`` inside another's repr (``<moco.loader.GaussianBlur object at 0x7f...>``).
+_ADDRESS = re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>")
 
 
 def _name(t: Any) -> str:
@@ -113,6 +126,7 @@ def _name(t: Any) -> str:
         text = f"{cls.__qualname__}(...)"
     if cls.__repr__ is object.__repr__:  # "<presets.X object at 0x7f...>" says nothing more than the class
         text = f"{cls.__qualname__}()"
+    text = _ADDRESS.sub(lambda m: f"{m.group(1).rsplit('.', 1)[-1]}()", text)  # inner objects (RandomApply's) alike
     text = printable(re.sub(r"\s+", " ", text)).strip()
     if len(text) > 160:
         text = text[:157] + "..."
@@ -605,6 +619,8 @@ def _chain(step: _Step, t: Any, tv: Kinds, st: _State, kind: str) -> None:
     if kind == "random_order" and len(inner) > 5:
         raise step.fail(_REFUSAL["random_order"])
     kinds = [tv.kind(x) for x in inner]
+    found = {i: recipes.recipe_op(x) for i, (x, k) in enumerate(zip(inner, kinds)) if k is None}
+    kinds = [k if k is not None or found[i] is None else "recipe" for i, k in enumerate(kinds)]
     if kind == "random_apply" and kinds in (["jitter"], ["grayscale"], ["gray_fixed"]):
         (_jitter if kinds == ["jitter"] else _grayscale)(step, inner[0], tv, st, kinds[0], p=float(t.p))
         return
@@ -612,12 +628,15 @@ def _chain(step: _Step, t: Any, tv: Kinds, st: _State, kind: str) -> None:
     _colour_place(step, st, what)
     if st.trivial is not None:
         raise step.fail(f"{what} after {st.trivial[1].where}: FastLoader runs TrivialAugmentWide alone; remove one")
-    bad = next((x for x, k in zip(inner, kinds) if k not in readaug.CHAIN_KINDS + readaug.CHAIN_EXTRA_KINDS), None)
+    bad = next((x for x, k in zip(inner, kinds) if k not in readaug.CHAIN_KINDS + readaug.CHAIN_EXTRA_KINDS + ("recipe",)), None)
     if bad is not None:
         raise step.fail(f"it holds {_name(bad)}, which FastLoader cannot run inside it: {_NO_EQUIVALENT}")
+    if "recipe" in kinds and st.tensor:
+        raise step.fail(f"{_name(inner[kinds.index('recipe')])} takes PIL images (it fails on a tensor): put it before ToTensor()")
     float_pixels = st.tensor and st.dtype != tv.torch.uint8
     try:
-        ops = [readaug.chain_op(x, k, float_pixels=float_pixels) for x, k in zip(inner, kinds)]
+        ops = [found[i] if k == "recipe" else readaug.chain_op(x, k, float_pixels=float_pixels)
+               for i, (x, k) in enumerate(zip(inner, kinds))]  # fmt: skip
         if kind == "random_choice":
             weights = None if getattr(t, "p", None) is None else tuple(t.p)
             stage = Stage(groups=tuple((o,) for o in ops), weights=weights)
@@ -659,6 +678,7 @@ _PIXEL_STEPS = {
     "grayscale": _grayscale, "trivial": _trivial, "rand_augment": _policy, "auto_augment": _policy,
     "timm_rand": _policy, "timm_auto": _policy, "timm_erasing": _erasing, "random_apply": _chain,
     "random_choice": _chain, "random_order": _chain, **{k: _chain for k in readaug.CHAIN_KINDS if k != "grayscale"}, "gray_fixed": _grayscale,
+    "recipe": _chain,
 }  # fmt: skip
 
 
@@ -687,9 +707,9 @@ def _unknown_step(step: _Step, t: Any, tv: Kinds) -> None:
     n = views(t)
     if n:
         raise step.fail(
-            f"it returns {n} views of each image (a {n}-item tuple or list), and FastLoader batches one view "
-            "per sample: give the dataset one view's transform, and make one loader per view with the same "
-            "sampler= (the same order) and its own seed (its own crops and colours)"
+            f"it returns {n} views of each image (a {n}-item tuple or list) inside a longer transform; FastLoader "
+            "batches a multi-view transform that is the dataset's whole transform (each view's own steps inside it): "
+            "give the dataset the multi-view transform alone, or FastLoader(..., transform=[view_1, view_2, ...])"
         )
     if _takes_pairs(t):
         raise step.fail(
@@ -762,8 +782,10 @@ def _result(transform: Any, shape: _Shape, st: _State, tv: Kinds) -> "Augment":
     )
 
 
-def translate(transform: Any, *, image: tuple[int, int, int] | None = None) -> "Augment":
-    """The FastLoader settings a torchvision transform implies, as one :class:`fastload.Augment`.
+def translate(transform: Any, *, image: tuple[int, int, int] | None = None) -> "Augment | MultiView":
+    """The FastLoader settings a torchvision transform implies, as one :class:`fastload.Augment`, or, for a
+    multi-view transform (one returning a list of views: MoCo's, SimCLR's, DINO's) or a list of one transform
+    per view, a :class:`fastload.multiview.MultiView` of one Augment per view.
 
     Args:
         transform: a ``Compose`` (v1 or v2), an ``nn.Sequential`` or one transform, as
@@ -790,8 +812,16 @@ def translate(transform: Any, *, image: tuple[int, int, int] | None = None) -> "
             "transform=None: the dataset returns PIL images of every size, but FastLoader batches need one size; "
             f"give the dataset a transform ({_TRAIN_HINT}, then ToTensor()), or pass crop= (and train=) to FastLoader"
         )
+    from . import multiview
+
+    if isinstance(transform, (list, tuple)):
+        return multiview.views_of_list(transform)
     tv = Kinds()
     items = flatten(transform, tv)
+    if len(items) == 1 and tv.kind(items[0]) is None and type(items[0]) not in tv.noop and tv.subclass_of(items[0]) is None:
+        n = views(items[0])
+        if n:
+            return multiview.read_views(items[0], n)
     if not items:
         raise ConfigError(f"transform {_name(transform)} is empty; FastLoader batches need one size: use {_TRAIN_HINT}")
     shape, st = _Shape(), _State()
@@ -804,6 +834,8 @@ def translate(transform: Any, *, image: tuple[int, int, int] | None = None) -> "
     for i, t in enumerate(items):
         step = _Step(t, i, len(items))
         kind = tv.kind(t)
+        if kind is None and recipes.recipe_op(t) is not None:
+            kind = "recipe"  # MoCo's and DINO's own blur and solarization (checked on a probe)
         if kind is None:
             _unknown_step(step, t, tv)
         elif kind in geometry:

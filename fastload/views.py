@@ -132,18 +132,25 @@ class LoaderDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.packed)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        """Sample ``index`` decoded and processed like the loader's: CHW, normalised unless uint8."""
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        """Sample ``index`` decoded and processed like the loader's: CHW, normalised unless uint8 (a multi-view
+        transform's: the list of its views, each cropped, flipped and normalised as that view's settings say)."""
         from PIL import Image
 
         i = operator.index(index)
         if i < 0:
             i += len(self)
         _header, payload = self.packed.record(i)  # IndexError for an index out of range
-        s = self._settings
-        interp = s.get("interpolation", "bilinear")
         with Image.open(io.BytesIO(payload)) as im:
             rgb = np.asarray(im.convert("RGB"))
+        views = self._settings.get("views")
+        if views:
+            return [self._processed(rgb, i, s) for s in views], int(self._labels[i])
+        return self._processed(rgb, i, self._settings), int(self._labels[i])
+
+    def _processed(self, rgb: np.ndarray, i: int, s: dict[str, Any]) -> torch.Tensor:
+        """Sample ``i``'s decoded pixels ``rgb`` under settings ``s``, as one CHW tensor."""
+        interp = s.get("interpolation", "bilinear")
         pc = s.get("pad_crop")
         if s["train"] and pc is not None:  # torchvision's RandomCrop: the loader's window, drawn alike
             corners, flips, _ = pad_crop_params(
@@ -164,7 +171,7 @@ class LoaderDataset(torch.utils.data.Dataset):
             crops, flip, crop=s["crop"], mean=s["mean"], std=s["std"], dtype=torch.float32, channels_last=False,
             interpolation=interp,
         )  # fmt: skip
-        return batch[0][: s.get("channels", 3)], int(self._labels[i])
+        return batch[0][: s.get("channels", 3)]
 
     def __repr__(self) -> str:
         return f"LoaderDataset({str(self.packed.path)!r}, samples={len(self)}, classes={len(self.classes)})"

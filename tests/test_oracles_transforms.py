@@ -459,8 +459,8 @@ class MyRandomCrop:
     ("steps", "message"),
     [
         # multi-view transforms, of PIL images and of tensors
-        ([_TwoViews(T.RandomResizedCrop(24))], r"\): it returns 2 views of each image \(a 2-item tuple or list\).*"
-         r"sampler= \(the same order\) and its own seed \(its own crops and colours\)$"),
+        ([_TwoViews(T.RandomResizedCrop(24))], r"\): it returns 2 views of each image \(a 2-item tuple or list\) inside a "
+         r"longer transform; .* transform=\[view_1, view_2, \.\.\.\]\)$"),
         ([_TwoViews(T.Compose([T.RandomResizedCrop(24), T.PILToTensor()]))], r"\): it returns 2 views of each image"),
         ([MyRandomCrop()], r"\): not one of torchvision's own transforms that FastLoader translates"),
         ([_Wrapper(T.RandomResizedCrop(24), after=lambda x: x.rotate(90))],
@@ -862,12 +862,24 @@ def test_dtype_and_normalize_refusals_are_written_out_whole():
 
 
 def test_a_multi_view_transforms_refusal_is_written_out_whole():
-    """Two views per image: what to do instead, as the user reads it."""
+    """Two views per image inside a longer transform: what to do instead, as the user reads it (tests/test_multiview.py
+    follows it)."""
     assert _refusal(T.Compose([_TwoViews(T.RandomResizedCrop(24)), T.PILToTensor()])).endswith(
-        "(step 1 of 2 of the transform): it returns 2 views of each image (a 2-item tuple or list), and FastLoader "
-        "batches one view per sample: give the dataset one view's transform, and make one loader per view with the "
-        "same sampler= (the same order) and its own seed (its own crops and colours)"
+        "(step 1 of 2 of the transform): it returns 2 views of each image (a 2-item tuple or list) inside a longer "
+        "transform; FastLoader batches a multi-view transform that is the dataset's whole transform (each view's own "
+        "steps inside it): give the dataset the multi-view transform alone, or FastLoader(..., transform=[view_1, "
+        "view_2, ...])"
     )
+
+
+def test_a_whole_multi_view_transform_is_read_view_by_view():
+    """Alone, the same two-view transform is read as its one transform twice; a view that returns PIL images is
+    refused by its view and attribute."""
+    mv = translate(_TwoViews(T.Compose([T.RandomResizedCrop(24), T.PILToTensor()])))
+    assert [a.crop for a in mv.views] == [24, 24] and mv.views[0] == mv.views[1]
+    with pytest.raises(ConfigError, match=r"^view 1 of 2 \(test_oracles_transforms._TwoViews.t\): transform "
+                                          r"transforms.RandomResizedCrop\(.*it returns PIL images"):
+        translate(_TwoViews(T.RandomResizedCrop(24)))
 
 
 class _Lifting:

@@ -220,9 +220,9 @@ def test_the_views_are_counted_from_the_first_random_state():
     assert random.Random(0).random() >= 0.5
     msg = _refusal(T.Compose([_Views()]))
     assert msg == (
-        f"{__name__}._Views() (step 1 of 1 of the transform): it returns 2 views of each image (a 2-item tuple or "
-        "list), and FastLoader batches one view per sample: give the dataset one view's transform, and make one loader "
-        "per view with the same sampler= (the same order) and its own seed (its own crops and colours)"
+        f"{__name__}._Views returns 2 views of each image (a 2-item list or tuple), but no transforms among its "
+        "attributes give those views when called in turn (checked on a probe image): pass the transform of each view, "
+        "in order, as FastLoader(..., transform=[view_1, ..., view_2])"
     )
 
 

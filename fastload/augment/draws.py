@@ -278,3 +278,18 @@ def eval_params(widths: np.ndarray, heights: np.ndarray, *, resize: int, crop: i
     left = np.array([int(round((v - crop) / 2.0)) for v in nw.tolist()], dtype=np.int64)
     top = np.array([int(round((v - crop) / 2.0)) for v in nh.tolist()], dtype=np.int64)
     return np.stack([nh, nw], axis=1).astype(np.float32), np.stack([left, top], axis=1).astype(np.float32)
+
+
+#: Mixed into the seed of every view after the first of a multi-view transform (view 0 keeps the seed itself).
+VIEW_SALT = 0xA54FF53A5F1D36F1
+
+
+def view_seed(seed: int, view: int) -> int:
+    """The seed view ``view`` of a multi-view transform draws everything from: ``seed`` itself for view 0 (a
+    one-view loader's draws), a SplitMix64 mix of ``(seed, view)`` for the others. Every draw of a view is then a
+    pure function of (seed, epoch, position, view)."""
+    if view == 0:
+        return seed
+    with np.errstate(over="ignore"):
+        x = np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64) ^ (np.uint64(VIEW_SALT) * np.uint64(view))
+        return int(_mix(_mix(x))[0])

@@ -41,6 +41,10 @@ def graph_op(library: str, name: str, interpolation: str, fill: tuple[int, int, 
         return identity(library, interpolation)
     from .ops_color import color_op
     from .ops_geometry import geometry_op
+    from .recipes import PIL_BLUR
+
+    if name == PIL_BLUR:  # MoCo's and DINO's blur: PIL's GaussianBlur(radius), the operation timm's is
+        return color_op("timm", "GaussianBlur", interpolation, fill)
 
     return color_op(library, name, interpolation, fill) or geometry_op(library, name, interpolation, fill)
 
