@@ -41,8 +41,8 @@ __all__ = [
 
 
 #: The most characters ``str()`` of a :class:`FastloadError` has (the whole message is its ``details``).
-MAX_MESSAGE = 500
-_TAIL = 180  # of MAX_MESSAGE: the end (what to do); the start gets the rest
+MAX_MESSAGE = 1000
+_TAIL = 400  # of MAX_MESSAGE: the end (what to do); the start gets the rest
 
 
 def capped(text: str, limit: int = MAX_MESSAGE) -> str:

@@ -35,15 +35,14 @@ from .dlcompat import DetachedEpoch, LoaderBatchSampler, RankSampler, SamplerPla
 from .epochs import EpochIterator, EpochRun, start_epoch
 from .errors import ConfigError, LoaderError, as_int
 from .pipeline import find_dali
-from .arrays import packed_image
 from .composite import DatasetView
 from .reader import Dataset
-from .remote.url import is_url
 from .resume import STATE_VERSION, Shape, make_state, merge_states, resume_position
 from .sampler import MAX_BATCH, MAX_SEED, EpochSampler, check_order, choose_order, order_options
-from .augment.settings import FIELDS, IMAGENET_MEAN, IMAGENET_STD, MAX_SIDE, Augment
+from .augment.settings import IMAGENET_MEAN, IMAGENET_STD, MAX_SIDE, Augment
 from .views import LoaderDataset
-from .multiview import MultiView, item_settings, split_settings as _settings
+from .inputs import Source, origin, remote_options, resolve_source, translated
+from .multiview import item_settings, split_settings as _settings
 
 __all__ = ["FastLoader", "IMAGENET_MEAN", "IMAGENET_STD", "MAX_SIDE", "MAX_THREADS", "STATE_VERSION"]
 
@@ -147,85 +146,6 @@ def _check_world(world_size: int, packed: Dataset) -> None:
             f"world_size={world_size} is larger than the dataset ({len(packed)} samples in "
             f"{str(packed.path)!r}): every rank needs at least one sample of its own"
         )
-
-
-class _Source:
-    """Where a loader's images come from: a packed path, a Dataset, a loader's view, a torchvision dataset."""
-
-    def __init__(self, kind: str, obj: Any, settings: Augment | dict[str, Any] | None = None, transform: Any = None, target_transform: Any = None) -> None:
-        self.kind, self.obj = kind, obj
-        self.settings = settings or {}
-        self.transform, self.target_transform = transform, target_transform
-        self.image: tuple[int, int, int] | None = None  # (height, width, channels) of every image, where known
-
-    def open(self, *, check: bool, cache_dir: Any, progress: bool, remote: dict | None = None) -> Dataset:
-        if self.kind == "dataset":
-            return self.obj
-        if self.kind == "view":
-            return self.obj.packed
-        if self.kind == "torchvision":  # a fastload.datasets.DatasetPlan: packed once, read as torch reads it
-            return self.obj.open(cache_dir=cache_dir, progress=progress, check=check)
-        if is_url(self.obj):  # s3://... through the node cache
-            return Dataset(self.obj, check=check, cache_dir=cache_dir, **(remote or {}))
-        return Dataset(self.obj, check=check)
-
-
-def _is_torch_dataset(obj: Any) -> bool:
-    """A torch dataset object (an ImageFolder, a Subset, a ConcatDataset...) for fastload.cache to plan."""
-    return isinstance(obj, torch.utils.data.Dataset) or hasattr(obj, "samples")
-
-
-def _translated(transform: Any, image: tuple[int, int, int] | None = None) -> Augment | MultiView | None:
-    """``transform`` (an Augment, a MultiView or a torchvision transform translated knowing ``image``, every image's
-    size) as an Augment, or a MultiView for a multi-view transform (or a list of one transform per view); None stays None."""
-    if transform is None or isinstance(transform, (Augment, MultiView)):
-        return transform
-    from .transforms import translate
-
-    return translate(transform, image=image)
-
-
-def _remote_options(dataset: Any, **options: Any) -> dict[str, Any]:
-    """FastLoader's settings for a dataset URL (``s3://...``): refused for anything else."""
-    if not is_url(dataset) and any(v is not None for v in options.values()):
-        raise ConfigError(f"{', '.join(k for k, v in options.items() if v is not None)}: only for a dataset URL (s3://...)")
-    return options
-
-
-def _resolve_source(dataset: Any, transform: Any) -> _Source:
-    if isinstance(dataset, (str, os.PathLike, Dataset)):
-        image = packed_image(dataset) if transform is not None and not isinstance(transform, Augment) else None
-        kind = "dataset" if isinstance(dataset, Dataset) else "path"
-        source = _Source(kind, dataset, _translated(transform, image), transform)
-        source.image = image
-        return source
-    if isinstance(dataset, LoaderDataset):
-        if transform is not None:
-            return _Source("view", dataset, _translated(transform), transform, dataset.target_transform)
-        settings = {k: v for k, v in dataset.settings.items() if k in FIELDS}  # the view also holds the seed
-        if "views" in dataset.settings:  # a multi-view loader's: its transform read again, every view
-            settings = _translated(dataset.transform)
-        return _Source("view", dataset, settings, dataset.transform, dataset.target_transform)
-    if _is_torch_dataset(dataset):
-        from .datasets import plan_dataset
-
-        plan = plan_dataset(dataset)  # ConfigError naming what cannot be reproduced, before any work
-        if transform is None:
-            transform = plan.transform  # None: FastLoader's defaults
-        source = _Source("torchvision", plan, _translated(transform, plan.image), transform, plan.target_transform)
-        source.image = plan.image
-        return source
-    raise ConfigError(
-        f"dataset must be a packed dataset directory, a fastload.Dataset, a torchvision ImageFolder/DatasetFolder "
-        f"of image files (or a Subset/ConcatDataset of them), got {type(dataset).__name__}; pack other datasets "
-        "once with fastload.pack_dataset(dataset, OUT) and pass OUT"
-    )
-
-
-def _origin(source: _Source) -> Any:
-    """What ``loader.dataset`` shows as ``root``/``samples``/``classes``: the user's torch dataset's own."""
-    plan = source.obj if source.kind == "torchvision" else None
-    return plan if plan is not None and plan.samples is not None else None
 
 
 def _transformed_labels(labels: np.ndarray, target_transform: Any) -> np.ndarray:
@@ -431,7 +351,7 @@ class FastLoader:
 
         # 2. where the images come from, and what is done to them; every value checked before
         #    the disk or DALI is touched
-        source = _resolve_source(dataset, transform)
+        source = resolve_source(dataset, transform)
         given = dict(train=train, crop=crop, scale=scale, ratio=ratio, flip=flip, resize=resize, mean=mean, std=std,
                      dtype=dtype, channels_last=channels_last, interpolation=interpolation)  # fmt: skip
         batch_size = _check_batch_size(batch_size, batch_sampler)
@@ -451,7 +371,7 @@ class FastLoader:
         find_dali()  # DependencyError with an install hint, before any work (imported once downloads start)
 
         # 3. the dataset, its labels, and this rank's plan of each epoch
-        remote = _remote_options(dataset, cache_limit=cache_limit, storage_options=storage_options, retry_deadline=retry_deadline, fetch=fetch)
+        remote = remote_options(dataset, cache_limit=cache_limit, storage_options=storage_options, retry_deadline=retry_deadline, fetch=fetch)
         packed = self._open(source, check=check, cache_dir=cache_dir, progress=progress, user_batches=user_batches, remote=remote)
         order, block_size, window = choose_order(order, block_size, window, packed, shuffle=shuffle and user_batches is None, rank_batch=(batch_size or 1) * self.world_size, prefetch=prefetch)  # fmt: skip
         if target_transform is None:
@@ -476,7 +396,7 @@ class FastLoader:
         self._given, self._image = {k: v for k, v in given.items() if _given(k, v)}, source.image  # for _retransform
         self.dataset = LoaderDataset(
             packed, labels=self._labels, epoch=self._epoch_box.get, transform=source.transform,
-            target_transform=target_transform, origin=_origin(source),
+            target_transform=target_transform, origin=origin(source),
             settings=self._view_settings(), on_transform=_weakly(self._retransform, _gone),
         )  # fmt: skip
 
@@ -502,7 +422,7 @@ class FastLoader:
             setattr(self, k, ignored[k])
         note_ignored(ignored)
 
-    def _open(self, source: _Source, *, check: bool, cache_dir: Any, progress: bool, user_batches: Any,
+    def _open(self, source: Source, *, check: bool, cache_dir: Any, progress: bool, user_batches: Any,
               remote: dict | None = None) -> Dataset:  # fmt: skip
         """The packed dataset ``source`` gives (packing a torchvision dataset into the cache first)."""
         packed = source.open(check=check, cache_dir=cache_dir, progress=progress, remote=remote)
@@ -565,7 +485,7 @@ class FastLoader:
         The flat keywords given to the constructor still override it, as they override a transform
         given there. Returns the view's new settings; a ConfigError leaves everything as it was.
         """
-        augment, views = _settings(_translated(transform, self._image) or Augment(), self._given)
+        augment, views = _settings(translated(transform, self._image) or Augment(), self._given)
         if views is not None and self._fields is not None:
             raise ConfigError("a multi-view transform with fields=: a FieldBatch holds one image per sample")
         if augment.pad_crop is not None and augment.pad_crop.mode != "constant":  # its refusal before any change
