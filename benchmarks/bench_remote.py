@@ -86,6 +86,11 @@ def child(args: argparse.Namespace) -> None:
                 n += x.shape[0]
             dt = time.perf_counter() - t
             out["epochs"].append({"images": n, "seconds": dt, "per_s": n / dt, "first_batch_s": first})
+            remote = getattr(loader.packed, "remote", None)
+            if remote is not None:  # shards downloaded so far, and the reads that waited for a download
+                done = loader.packed.path / ".downloads"
+                out["epochs"][-1]["downloads"] = done.read_text().count("\n") if done.exists() else 0
+                out["epochs"][-1]["waits"], out["epochs"][-1]["waited_s"] = remote.waits, remote.waited
         if spec["case"] != "local":
             ds = loader.packed
             sizes = {s.file: s.bytes for s in ds.manifest.shards}
@@ -211,6 +216,7 @@ def main() -> None:
             url = f"s3://{server.make_bucket('bench')}/sample"
             upload_dir(RemoteStore(parse_url(url), storage_options=server.options()), local, {}, [], resume=False)
             total = sum(s.bytes for s in fastload.Dataset(local).manifest.shards)
+            shards = len(fastload.Dataset(local).manifest.shards)
             cases = ["local"] + [c for c in args.cases if c != "local"]
             results: dict[str, list[dict]] = {c: [] for c in cases}
             for r in range(args.repeats):
@@ -235,14 +241,28 @@ def main() -> None:
         finally:
             proxy.close()
             server.stop()
-    write(args, results, total)
+    write(args, results, total, shards)
 
 
 def _med(xs: list[float], fmt: str = "{:,.0f}") -> str:
     return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}–{fmt.format(max(xs))})"
 
 
-def write(args: argparse.Namespace, results: dict, total: int) -> None:
+def fetched(rs: list[dict], shards: int) -> str:
+    """The cold epoch's downloads over the number of shards (blank for a case without them)."""
+    got = [r["epochs"][0]["downloads"] / shards for r in rs if "downloads" in r["epochs"][0]]
+    return _med(got, "{:.2f}") if got and shards else ""
+
+
+def waiting(rs: list[dict]) -> str:
+    """Epoch 1's shard opens that waited for a download, and the seconds they waited (medians)."""
+    got = [r["epochs"][0] for r in rs if "waits" in r["epochs"][0]]
+    if not got:
+        return ""
+    return f"{statistics.median(e['waits'] for e in got):.0f} ({statistics.median(e['waited_s'] for e in got):.2f})"
+
+
+def write(args: argparse.Namespace, results: dict, total: int, shards: int = 0) -> None:
     import importlib.metadata as md
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -276,9 +296,11 @@ def write(args: argparse.Namespace, results: dict, total: int) -> None:
          if args.split_cpus else "- CPUs shared: the S3 server runs on the same CPUs as the loader."),
         "- `S3 server CPU s`: CPU time the SeaweedFS process used during the case's two epochs"
         + (": on its own CPU here." if args.split_cpus else " on the loader's cores: what a remote server would not take from decoding."),
+        "- `epoch 1 shards fetched`: downloads in the cold epoch / the dataset's shards (1: each once); `reads waiting`: "
+        "shard opens that waited for a download in epoch 1, and their seconds (a download on the critical path).",
         "",
-        "| case | open s | first batch s | open + first batch s | epoch 1 images/s | vs warm local | vs local epoch 1 | epoch 2 images/s | vs warm local | downloaded / dataset | peak cache MB | S3 server CPU s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| case | open s | first batch s | open + first batch s | epoch 1 images/s | vs warm local | vs local epoch 1 | epoch 2 images/s | vs warm local | downloaded / dataset | epoch 1 shards fetched | reads waiting (s) | peak cache MB | S3 server CPU s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for case in results:
         rs = results[case]
@@ -289,7 +311,7 @@ def write(args: argparse.Namespace, results: dict, total: int) -> None:
             f"| {case} | {_med([r['open_s'] for r in rs], '{:.2f}')} | {_med([r['epochs'][0]['first_batch_s'] for r in rs], '{:.2f}')} "
             f"| {_med([r['open_s'] + r['epochs'][0]['first_batch_s'] for r in rs], '{:.2f}')} "
             f"| {_med(e1)} | {ratio(rs, 0)} | {ratio(rs, 0, 0)} | {_med(e2)} | {ratio(rs, 1)} | "
-            f"{'' if case == 'local' else _med(dl, '{:.2f}')} | "
+            f"{'' if case == 'local' else _med(dl, '{:.2f}')} | {fetched(rs, shards)} | {waiting(rs)} | "
             f"{'' if case == 'local' else _med([r['peak_cache_bytes'] / 1e6 for r in rs])} | "
             f"{'' if case == 'local' else _med([r.get('server_cpu_s', 0.0) for r in rs], '{:.1f}')} |"
         )

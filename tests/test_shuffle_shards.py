@@ -267,11 +267,9 @@ def test_a_limit_of_a_third_is_held_and_each_shard_downloaded_once_per_epoch(rem
     why = [r.getMessage() for r in caplog.records if "order='shards'" in r.getMessage()]
     assert len(why) == 1 and "larger than cache_limit" in why[0] and "fetch='records'" in why[0]
     assert all(every_sample_once(g) for g in got) and got[0] != got[1]
-    # a cold epoch: every shard, nearly always once; a shard evicted before its last use is fetched again (seen:
-    # 3 of 27 refetched on a loaded machine, where the eviction ran ahead of a slow reader: not yet explained)
     names = [s.file for s in ds.manifest.shards]
-    assert set(downloads[0]) == set(names) and len(downloads[0]) <= len(names) * 1.15, (len(downloads[0]), len(names))
-    assert len(downloads[1]) <= len(names) * 1.15  # then each about once (some were still cached)
+    assert sorted(downloads[0]) == sorted(names), (len(downloads[0]), len(names))  # a cold epoch: every shard once
+    assert len(set(downloads[1])) == len(downloads[1]), downloads[1]  # then each at most once (some still cached)
     assert max(samples) <= limit + max(sizes), (max(samples), limit)  # the limit plus one shard in flight
     assert max(samples) < limit + max(sizes) and max(samples) < sum(sizes) * 0.6
 
