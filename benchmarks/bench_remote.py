@@ -7,6 +7,8 @@ Side by side in one run, each case in a process of its own, cases taking turns r
 - ``cold+20ms``: the same through a TCP proxy adding 20 ms to every request.
 - ``limit/3``: cold, ``cache_limit`` a third of the dataset, the default order (``order="shards"`` there:
   its window sized to the limit; before it, a global shuffle that grew the cache to the dataset).
+- ``limit/3 2 ranks``: the same read by two processes as ranks 0 and 1 of one node (one cache), in step
+  batch by batch (a barrier, as DDP's all-reduce); images/s is both ranks' images over the slower's time.
 - ``limit/3 block``: the same with ``order="block"`` (now refused: a ConfigError; kept for older runs).
 - ``limit/3 sequential``: the same with ``shuffle=False`` (the order a size limit suits).
 - ``records``: cold, global shuffle, ``fetch="records"`` (each record by a range request, dropped
@@ -41,6 +43,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -48,18 +51,59 @@ sys.path.insert(0, str(ROOT))
 
 log = logging.getLogger("bench_remote")
 
-CASES = ["local", "cold", "cold+20ms", "limit/3", "limit/3 sequential", "records", "records+20ms"]
+CASES = ["local", "cold", "cold+20ms", "limit/3", "limit/3 2 ranks", "limit/3 sequential", "records", "records+20ms"]
 OLD_CASES = ["limit/3 block"]  # refused since order="shards" holds the limit
 
 
 def child(args: argparse.Namespace) -> None:
     """One case: open, two epochs; print a JSON line."""
+    spec = json.loads(args.child)
+    if spec.get("ranks"):
+        return node_ranks(args, spec)
+    print(json.dumps(run_epochs(args, spec)))
+
+
+def node_ranks(args: argparse.Namespace, spec: dict) -> None:
+    """``spec["ranks"]`` processes as the ranks of one node (one cache), in step batch by batch as DDP's
+    all-reduce keeps them; prints one JSON line: images of all ranks over the slowest rank's seconds."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    n = int(spec["ranks"])
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=rank_main, args=(args, spec, r, barrier, results)) for r in range(n)]
+    for p in procs:
+        p.start()
+    got = sorted((results.get(timeout=900) for _ in procs), key=lambda o: o["rank"])
+    for p in procs:
+        p.join(60)
+    out = {k: got[0][k] for k in got[0] if k not in ("epochs", "rank")}
+    out["open_s"] = max(o["open_s"] for o in got)
+    out["epochs"] = []
+    for e in range(2):
+        es = [o["epochs"][e] for o in got]
+        images, seconds = sum(x["images"] for x in es), max(x["seconds"] for x in es)
+        out["epochs"].append({"images": images, "seconds": seconds, "per_s": images / seconds,
+                              "first_batch_s": max(x["first_batch_s"] for x in es), "downloads": es[0]["downloads"],
+                              "waits": sum(x["waits"] for x in es), "waited_s": sum(x["waited_s"] for x in es)})  # fmt: skip
+    print(json.dumps(out))
+
+
+def rank_main(args: argparse.Namespace, spec: dict, rank: int, barrier: Any, results: Any) -> None:
+    """One rank of :func:`node_ranks` (a spawned process)."""
+    os.environ["LOCAL_WORLD_SIZE"] = str(spec["ranks"])  # as torchrun sets it
+    results.put(run_epochs(args, spec, rank=rank, barrier=barrier))
+
+
+def run_epochs(args: argparse.Namespace, spec: dict, *, rank: int = 0, barrier: Any = None) -> dict:
+    """Open the case's loader and read two epochs (with ``barrier``: waited on after every batch)."""
     import torch  # noqa: F401  (imported before the loader is made, as a training script has it)
 
     import fastload
 
-    spec = json.loads(args.child)
     kw = dict(device="cpu", seed=0, batch_size=args.batch)
+    if barrier is not None:
+        kw.update(rank=rank, world_size=int(spec["ranks"]))
     if spec.get("order"):
         kw["order"] = spec["order"]
     if spec.get("shuffle") is not None:
@@ -84,8 +128,18 @@ def child(args: argparse.Namespace) -> None:
                 if first is None:
                     first = time.perf_counter() - t
                 n += x.shape[0]
+                if barrier is not None:
+                    barrier.wait(300)
             dt = time.perf_counter() - t
+            if barrier is not None:
+                barrier.wait(300)  # every rank's epoch done: the node's downloads are counted below
             out["epochs"].append({"images": n, "seconds": dt, "per_s": n / dt, "first_batch_s": first})
+            remote = getattr(loader.packed, "remote", None)
+            if remote is not None:  # shards downloaded so far, and the reads that waited for a download
+                done = loader.packed.path / ".downloads"
+                out["epochs"][-1]["downloads"] = done.read_text().count("\n") if done.exists() else 0
+                if hasattr(remote, "waits"):  # (not counted before these counters existed)
+                    out["epochs"][-1]["waits"], out["epochs"][-1]["waited_s"] = remote.waits, remote.waited
         if spec["case"] != "local":
             ds = loader.packed
             sizes = {s.file: s.bytes for s in ds.manifest.shards}
@@ -94,7 +148,8 @@ def child(args: argparse.Namespace) -> None:
             out["downloaded_bytes"] = sum(sizes[line.split()[0]] for line in lines if line) + ds.remote.range_bytes
             out["dataset_bytes"] = sum(sizes.values())
             out["order"], out["window"] = loader.order, loader.window
-    print(json.dumps(out))
+    out["rank"] = rank
+    return out
 
 
 def dir_bytes(root: Path) -> int:
@@ -211,6 +266,7 @@ def main() -> None:
             url = f"s3://{server.make_bucket('bench')}/sample"
             upload_dir(RemoteStore(parse_url(url), storage_options=server.options()), local, {}, [], resume=False)
             total = sum(s.bytes for s in fastload.Dataset(local).manifest.shards)
+            shards = len(fastload.Dataset(local).manifest.shards)
             cases = ["local"] + [c for c in args.cases if c != "local"]
             results: dict[str, list[dict]] = {c: [] for c in cases}
             for r in range(args.repeats):
@@ -223,6 +279,8 @@ def main() -> None:
                         spec["options"] = server.options(proxy.endpoint)
                     if case.startswith("limit/3"):
                         spec["limit"] = total // 3
+                    if case.endswith("2 ranks"):
+                        spec["ranks"] = 2
                     if case.endswith("block"):
                         spec["order"] = "block"
                     if case.endswith("sequential"):
@@ -235,14 +293,28 @@ def main() -> None:
         finally:
             proxy.close()
             server.stop()
-    write(args, results, total)
+    write(args, results, total, shards)
 
 
 def _med(xs: list[float], fmt: str = "{:,.0f}") -> str:
     return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}–{fmt.format(max(xs))})"
 
 
-def write(args: argparse.Namespace, results: dict, total: int) -> None:
+def fetched(rs: list[dict], shards: int) -> str:
+    """The cold epoch's downloads over the number of shards (blank for a case without them)."""
+    got = [r["epochs"][0]["downloads"] / shards for r in rs if "downloads" in r["epochs"][0]]
+    return _med(got, "{:.2f}") if got and shards else ""
+
+
+def waiting(rs: list[dict]) -> str:
+    """Epoch 1's shard opens that waited for a download, and the seconds they waited (medians)."""
+    got = [r["epochs"][0] for r in rs if "waits" in r["epochs"][0]]
+    if not got:
+        return ""
+    return f"{statistics.median(e['waits'] for e in got):.0f} ({statistics.median(e['waited_s'] for e in got):.2f})"
+
+
+def write(args: argparse.Namespace, results: dict, total: int, shards: int = 0) -> None:
     import importlib.metadata as md
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -276,9 +348,11 @@ def write(args: argparse.Namespace, results: dict, total: int) -> None:
          if args.split_cpus else "- CPUs shared: the S3 server runs on the same CPUs as the loader."),
         "- `S3 server CPU s`: CPU time the SeaweedFS process used during the case's two epochs"
         + (": on its own CPU here." if args.split_cpus else " on the loader's cores: what a remote server would not take from decoding."),
+        "- `epoch 1 shards fetched`: downloads in the cold epoch / the dataset's shards (1: each once); `reads waiting`: "
+        "shard opens that waited for a download in epoch 1, and their seconds (a download on the critical path).",
         "",
-        "| case | open s | first batch s | open + first batch s | epoch 1 images/s | vs warm local | vs local epoch 1 | epoch 2 images/s | vs warm local | downloaded / dataset | peak cache MB | S3 server CPU s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| case | open s | first batch s | open + first batch s | epoch 1 images/s | vs warm local | vs local epoch 1 | epoch 2 images/s | vs warm local | downloaded / dataset | epoch 1 shards fetched | reads waiting (s) | peak cache MB | S3 server CPU s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for case in results:
         rs = results[case]
@@ -289,7 +363,7 @@ def write(args: argparse.Namespace, results: dict, total: int) -> None:
             f"| {case} | {_med([r['open_s'] for r in rs], '{:.2f}')} | {_med([r['epochs'][0]['first_batch_s'] for r in rs], '{:.2f}')} "
             f"| {_med([r['open_s'] + r['epochs'][0]['first_batch_s'] for r in rs], '{:.2f}')} "
             f"| {_med(e1)} | {ratio(rs, 0)} | {ratio(rs, 0, 0)} | {_med(e2)} | {ratio(rs, 1)} | "
-            f"{'' if case == 'local' else _med(dl, '{:.2f}')} | "
+            f"{'' if case == 'local' else _med(dl, '{:.2f}')} | {fetched(rs, shards)} | {waiting(rs)} | "
             f"{'' if case == 'local' else _med([r['peak_cache_bytes'] / 1e6 for r in rs])} | "
             f"{'' if case == 'local' else _med([r.get('server_cpu_s', 0.0) for r in rs], '{:.1f}')} |"
         )

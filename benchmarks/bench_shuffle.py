@@ -14,9 +14,15 @@ Streaming is loaded from a directory it was installed in for this benchmark only
 (``pip install --no-deps --target DIR mosaicml-streaming``; ``--streaming DIR``): only its
 ``shuffle`` modules are imported, not the package (which needs its own dependencies).
 
+``--train DIR`` measures training instead: a small CNN on the image folder ``DIR`` (packed class by
+class), the global shuffle against ``order="shards"`` at each ``--windows``, the same seeds, the
+model's loss and accuracy over the whole dataset every ``--every`` steps.
+
 Usage::
 
     python benchmarks/bench_shuffle.py --streaming /tmp/streaming --out benchmarks/results/remote/shuffle.md
+    python benchmarks/bench_shuffle.py --train SAMPLE --shard-size 1MB --batch 32 --windows 1 4 16 --lr 0.01 \
+        --out benchmarks/results/remote/shuffle-training.md
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import sys
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -69,6 +76,97 @@ def batch_stats(order: np.ndarray, counts: np.ndarray, labels: np.ndarray, batch
     return {"shards": float(shards), "classes": float(classes), "dist": dist, "open": int(np.cumsum(live).max())}
 
 
+def evaluate(model: Any, loader: Any) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``model`` over every batch of ``loader``."""
+    import torch
+
+    total, right, n = 0.0, 0, 0
+    with torch.no_grad():
+        for x, y in loader:
+            out = model(x.float())
+            total += float(torch.nn.functional.cross_entropy(out, y, reduction="sum"))
+            right += int((out.argmax(1) == y).sum())
+            n += len(y)
+    return total / n, right / n
+
+
+def train_curve(packed: Path, order: str, window: int | None, args: argparse.Namespace) -> list[tuple[float, float]]:
+    """A small CNN trained on ``packed`` read in ``order`` (seed 0): after every ``--every`` steps, its loss
+    and accuracy over the whole dataset (centre crops, no augmentation)."""
+    import torch
+    from torch import nn
+
+    from fastload import FastLoader
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10),
+    )  # fmt: skip
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    kw = {"order": order} if window is None else {"order": order, "window": window}
+    points: list[tuple[float, float]] = []
+    steps = 0
+    with FastLoader(packed, args.batch, device="cpu", crop=64, train=True, seed=0, **kw) as loader, \
+            FastLoader(packed, 100, device="cpu", crop=64, train=False, shuffle=False) as whole:  # fmt: skip
+        epoch = 0
+        while steps < args.steps:
+            loader.set_epoch(epoch)
+            for x, y in loader:
+                loss = nn.functional.cross_entropy(model(x.float()), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                steps += 1
+                if steps % args.every == 0:
+                    points.append(evaluate(model, whole))
+                if steps == args.steps:
+                    break
+            epoch += 1
+    return points
+
+
+def train_table(args: argparse.Namespace) -> None:
+    """``--train DIR``: the loss curves of a small CNN, global shuffle against ``order="shards"``, as a table."""
+    import tempfile
+
+    import fastload
+
+    with tempfile.TemporaryDirectory(prefix="bench-shuffle-") as tmp:
+        packed = Path(tmp) / "packed"
+        fastload.pack(args.train, packed, shard_size=args.shard_size, progress=False)
+        shards = len(fastload.Dataset(packed).manifest.shards)
+        runs = [("global", "global", None)] + [(f"shards W={w}", "shards", w) for w in args.windows]
+        curves = {}
+        for name, order, window in runs:
+            t = time.perf_counter()
+            curves[name] = train_curve(packed, order, window, args)
+            log.info("%s: %s (%.0f s)", name, curves[name], time.perf_counter() - t)
+    names = list(curves)
+    lines = [
+        "# Training loss: global shuffle against `order=\"shards\"` (same seed)",
+        "",
+        f"- data: `{args.train.name}`, photos of `fastload sample` (10 classes), packed class by class in {shards} "
+        f"shards of {args.shard_size}.",
+        f"- model: 3 conv layers (16-32-64, stride 2) + linear, SGD lr {args.lr} momentum 0.9, torch seed 0; FastLoader "
+        f"crop 64, train=True, seed 0, batch {args.batch}; {args.steps} steps on the CPU; "
+        f"`benchmarks/bench_shuffle.py --train`.",
+        f"- each cell: after that many steps, the model's cross-entropy over the whole dataset (centre crops, "
+        "no augmentation) and its accuracy in brackets; a batch's own loss is not comparable between orders "
+        "(a window's batches hold few classes).",
+        "",
+        "| steps | " + " | ".join(names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    for i in range(len(curves[names[0]])):
+        cells = " | ".join(f"{curves[n][i][0]:.3f} ({curves[n][i][1]:.2f})" for n in names)
+        lines.append(f"| {(i + 1) * args.every} | {cells} |")
+    text = "\n".join(lines) + "\n"
+    log.info(text)
+    if args.out:
+        args.out.write_text(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--classes", type=int, default=1000)
@@ -79,8 +177,15 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--streaming", type=Path, default=None, help="a directory mosaicml-streaming was installed in")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--train", type=Path, default=None, help="an image folder: the loss curves instead (--batch, --windows)")
+    ap.add_argument("--shard-size", default="512KB", help="with --train: the packed shards' size")
+    ap.add_argument("--steps", type=int, default=300, help="with --train: optimizer steps per order")
+    ap.add_argument("--every", type=int, default=25, help="with --train: steps per row of the table")
+    ap.add_argument("--lr", type=float, default=0.02, help="with --train: SGD's learning rate")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.train is not None:
+        return train_table(args)
     from fastload.sampler import EpochSampler
 
     n = args.classes * args.per_class

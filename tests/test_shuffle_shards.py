@@ -267,11 +267,9 @@ def test_a_limit_of_a_third_is_held_and_each_shard_downloaded_once_per_epoch(rem
     why = [r.getMessage() for r in caplog.records if "order='shards'" in r.getMessage()]
     assert len(why) == 1 and "larger than cache_limit" in why[0] and "fetch='records'" in why[0]
     assert all(every_sample_once(g) for g in got) and got[0] != got[1]
-    # a cold epoch: every shard, nearly always once; a shard evicted before its last use is fetched again (seen:
-    # 3 of 27 refetched on a loaded machine, where the eviction ran ahead of a slow reader: not yet explained)
     names = [s.file for s in ds.manifest.shards]
-    assert set(downloads[0]) == set(names) and len(downloads[0]) <= len(names) * 1.15, (len(downloads[0]), len(names))
-    assert len(downloads[1]) <= len(names) * 1.15  # then each about once (some were still cached)
+    assert sorted(downloads[0]) == sorted(names), (len(downloads[0]), len(names))  # a cold epoch: every shard once
+    assert len(set(downloads[1])) == len(downloads[1]), downloads[1]  # then each at most once (some still cached)
     assert max(samples) <= limit + max(sizes), (max(samples), limit)  # the limit plus one shard in flight
     assert max(samples) < limit + max(sizes) and max(samples) < sum(sizes) * 0.6
 
@@ -289,3 +287,41 @@ def test_a_global_shuffle_through_a_small_cache_is_refused_naming_the_choices(re
         assert b.order == "global"
     with FastLoader(remote["url"], 2, order="global", storage_options=remote["options"], cache_dir=tmp_path / "c") as c:
         assert c.order == "global"  # no limit: the whole dataset is cached, the global shuffle stays
+
+
+def _node_rank(url: str, options: dict, cache: str, limit: int, rank: int, barrier, out: str) -> None:
+    """One rank of a two-rank node: one epoch, in step with the other rank (as DDP's all-reduce keeps them)."""
+    os.environ["LOCAL_WORLD_SIZE"] = "2"  # as torchrun sets it: the two ranks share this node
+    loader = FastLoader(url, 1, device="cpu", crop=32, train=True, seed=3, rank=rank, world_size=2, num_threads=1,
+                        cache_limit=limit, storage_options=options, cache_dir=cache)  # fmt: skip
+    got = []
+    with loader:
+        for x, y in loader:
+            got += decode_batches([(x, y)])
+            barrier.wait(150)
+        order, window = loader.order, loader.window
+    Path(out).write_text(json.dumps({"got": got, "order": order, "window": window}))
+
+
+def test_two_ranks_of_a_node_under_a_limit_download_each_shard_once_between_them(remote, tmp_path):
+    import multiprocessing as mp
+
+    probe = fastload.Dataset(remote["url"], storage_options=remote["options"], cache_dir=tmp_path / "probe")
+    sizes = [s.bytes for s in probe.manifest.shards]
+    limit = (sum(sizes) + sum(p.stat().st_size for p in probe.path.iterdir() if p.is_file())) // 2
+    cache, ctx = str(tmp_path / "node"), mp.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_node_rank, args=(remote["url"], remote["options"], cache, limit, r, barrier,
+                                                  str(tmp_path / f"r{r}"))) for r in (0, 1)]  # fmt: skip
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(180)
+        assert p.exitcode == 0
+    res = [json.loads((tmp_path / f"r{r}").read_text()) for r in (0, 1)]
+    assert all(r["order"] == "shards" and r["window"] >= 2 for r in res), [(r["order"], r["window"]) for r in res]
+    assert every_sample_once([tuple(v) for v in res[0]["got"] + res[1]["got"]])  # the two shares: the dataset
+    lines = next((Path(cache) / "remote").glob("*/*/.downloads")).read_text().split("\n")
+    files = [line.split()[0] for line in lines if line]
+    assert sorted(files) == sorted(s.file for s in probe.manifest.shards), Counter(files).most_common(3)  # once each
+    assert len({line.split()[1] for line in lines if line}) == 2  # both ranks downloaded some

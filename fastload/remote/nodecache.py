@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 #: threads may be reading is never closed under them).
 HOLD_BATCHES = 8
 
+#: Seconds an :meth:`RemoteShards.acquire` takes, past which it counts as a reader waiting for a download.
+WAIT_COUNTED = 0.002
+
 #: Seconds :meth:`RemoteShards.close` waits for its download threads to end (a request in flight cannot
 #: be interrupted: past this it ends on its own, at its next chunk, answer or timeout).
 CLOSE_WAIT = 2.0
@@ -264,6 +267,7 @@ class RemoteShards:
         self._mutex = threading.Lock()
         self._uses: dict[int, np.ndarray] = {}
         self._pos = 0
+        self._began = 0.0  # time.time() when the epoch the cache serves began (its plan was made)
         self._cond = threading.Condition(self._mutex)
         self._queue: list[int] = []
         self._workers: list[threading.Thread] = []
@@ -271,6 +275,8 @@ class RemoteShards:
         self._ahead_stopped = False  # stop_ahead(): the downloads ahead are given up (until the next plan)
         self._pid = os.getpid()
         self.downloads = 0  # shards this process downloaded
+        self.waits = 0  # acquires that found the shard missing: a reader waited for its download
+        self.waited = 0.0  # seconds those readers waited
         self._fillers: dict[int, Any] = {}  # fetch="records": shard -> its RangeFiller (sparse file open)
         self._range_pool: Any = None
         self._range_pool_pid = 0
@@ -278,7 +284,8 @@ class RemoteShards:
 
     def __getstate__(self) -> dict:
         state = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
-        state.pop("downloads", None)
+        for name in ("downloads", "waits", "waited"):
+            state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -397,11 +404,15 @@ class RemoteShards:
                 fl = _Flock(lockpath)
             except OSError as e:
                 raise _cache_error(lockpath, e, "create") from None
+            t0 = time.monotonic()
             try:
                 while True:
-                    fl.lock(fcntl.LOCK_SH)
+                    fl.lock(fcntl.LOCK_SH)  # waits while a thread or rank downloads it
                     if self._present(k):
                         self._pins[k] = fl
+                        if time.monotonic() - t0 > WAIT_COUNTED:
+                            self.waits += 1
+                            self.waited += time.monotonic() - t0
                         return path
                     fl.lock(fcntl.LOCK_EX)  # another rank may be downloading it: wait for it
                     if not self._present(k):
@@ -552,14 +563,19 @@ class RemoteShards:
                     continue
                 nxt = self._next_use(mine[name]) if root == self.root and name in mine else math.inf
                 out.append((nxt, -mtime, p, root / ".locks" / f"{name}.lock"))
-        out.sort(key=lambda t: (-t[0], t[1]))  # never needed again first, then needed latest, then oldest
+        # never needed again first, then those not downloaded since the epoch began (needed latest first: each is
+        # downloaded at most once this epoch all the same), then the others needed latest, then the oldest
+        out.sort(key=lambda t: (t[0] != math.inf, -t[1] >= self._began, -t[0], t[1]))
         return out
 
     def _make_room(self, k: int, size: int, part: Path, *, urgent: bool) -> bool:
         """Delete unpinned shards until ``size`` more bytes fit in the limit, then reserve them (``part``
-        made at its full size). A prefetch (not ``urgent``) deletes only shards needed later than
-        shard ``k`` and gives up if that is not enough; a batch waiting for ``k`` goes over the limit
-        when every other shard is pinned."""
+        made at its full size). A prefetch (not ``urgent``) deletes only shards whose last use this
+        epoch is past (or of another dataset), and shards not downloaded since the epoch began that it
+        needs later than ``k``, and gives up if that is not enough: a shard downloaded this epoch and
+        still needed is never traded for one needed later, so none is downloaded twice in an epoch
+        whose working set fits. A batch waiting for ``k`` deletes those first, then the shards needed
+        latest, and goes over the limit only when every other shard is pinned."""
         space = _Flock(self.cache / ".space.lock")
         try:
             space.lock(fcntl.LOCK_EX)
@@ -568,10 +584,10 @@ class RemoteShards:
             if self.limit is not None:
                 used = self.usage()
                 mine = self._next_use(k)
-                for nxt, _m, p, lockp in self._candidates() if used + size > self.limit else []:
+                for nxt, m, p, lockp in self._candidates() if used + size > self.limit else []:
                     if used + size <= self.limit:
                         break
-                    if p == self._paths(k)[0] or (not urgent and nxt <= mine):
+                    if p == self._paths(k)[0] or (not urgent and nxt != math.inf and (-m >= self._began or nxt <= mine)):
                         continue
                     fl = _Flock(lockp)
                     try:
@@ -631,6 +647,7 @@ class RemoteShards:
         with self._cond:
             self._uses = {k: np.asarray(v, dtype=np.int64) for k, v in uses.items()}
             self._pos = 0
+            self._began = time.time() - 1.0  # shards whose files are older were downloaded before this epoch
             self._queue = order if self.fetch == "shards" else []  # records: the read-ahead asks for them
             self._ahead_stopped = False
             self._cond.notify_all()
@@ -699,7 +716,9 @@ class RemoteShards:
                 if not fl.try_lock(fcntl.LOCK_EX):  # being downloaded by another rank, or in use
                     continue
                 if not self._present(k) and not self._download(k, urgent=False):
-                    with self._cond:  # no room yet: try again once the epoch has moved on
+                    fl.close()  # unlocked before waiting: a thread that pops k meanwhile must not find it taken and drop it
+                    fl = None
+                    with self._cond:  # no room yet: try again (k first, the order kept) once the epoch has moved on
                         self._queue.insert(0, k)
                         self._cond.wait(0.5)
             except Exception as e:  # noqa: BLE001 - the reader that needs it reports the problem
