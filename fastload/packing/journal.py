@@ -130,6 +130,23 @@ def release_lock(fd: int) -> None:
     _HELD.discard(fd)
 
 
+class HeldLock:
+    """An open descriptor ``fd`` of ``path`` carrying an ``flock`` of this process (see :func:`hold_lock`)."""
+
+    def __init__(self, fd: int, path: Any) -> None:
+        self.fd: int | None = fd
+        self.path = path
+
+    def release(self) -> None:
+        """Drop the lock and close the descriptor (idempotent); the file stays (removing it would race with a new
+        holder)."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            release_lock(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 # ---------------------------------------------------------------------------- threads that cannot start
 
 _log = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ from ..errors import ConfigError, PackError, printable
 from ..format import FIELDS_FORMAT_VERSION, FORMAT_VERSION, LABELS_DTYPE, LABELS_NAME, MANIFEST_NAME, Manifest, ShardInfo, shard_name
 from ..store import HeaderStats, file_sha256, iter_headers
 from ..version import __version__
-from .journal import JOURNAL_FORMAT, JOURNAL_NAME, Journal, atomic_write, fsync_dir, hold_lock, release_lock
+from .journal import JOURNAL_FORMAT, JOURNAL_NAME, Journal, atomic_write, fsync_dir, HeldLock, hold_lock
 from .sources import FileSource, Source
 
 try:
@@ -219,7 +219,7 @@ def _busy(out: Path, fd: int) -> ConfigError:
     return ConfigError(f"OUT {_p(out)} is being written by {who}; wait for it or stop it")
 
 
-class WriterLock:
+class WriterLock(HeldLock):
     """An exclusive ``flock`` on a directory (OUT.partial, or OUT while it is replaced).
 
     The lock is on the directory's inode, so it follows the directory through the final
@@ -227,10 +227,6 @@ class WriterLock:
     releases it when the process dies. Where the file system cannot lock (some network
     file systems), a warning is logged and the pack goes on unlocked.
     """
-
-    def __init__(self, fd: int | None, path: Path) -> None:
-        self.fd = fd
-        self.path = path
 
     @classmethod
     def acquire(cls, path: Path, out: Path, *, wait: float = 0.0) -> "WriterLock | None":
@@ -276,14 +272,6 @@ class WriterLock:
             raise
         hold_lock(fd)
         return cls(fd, path)
-
-    def release(self) -> None:
-        """Drop the lock (idempotent)."""
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            release_lock(fd)
-            with contextlib.suppress(OSError):
-                os.close(fd)
 
 
 # ============================================================================ what may be replaced

@@ -32,7 +32,7 @@ from typing import Any, Callable, TypeVar
 
 from ..errors import ConfigError, PackError, printable
 from ..format import MANIFEST_NAME, Manifest
-from ..packing.journal import hold_lock, release_lock
+from ..packing.journal import HeldLock, hold_lock
 from .nodecache import cache_root, dataset_files
 from .store import RemoteStore
 from .url import parse_url
@@ -63,13 +63,9 @@ def staging_dir(url: str, source_key: str, cache_dir: Any = None) -> Path:
     return staging_root(url, cache_dir) / _key(source_key) / "dataset"
 
 
-class UploadLock:
+class UploadLock(HeldLock):
     """An exclusive ``flock`` on ``staging/<url key>.lock``: one writer per URL among the packs
     sharing this cache; the file says who holds it (process, host, source, start time)."""
-
-    def __init__(self, fd: int, path: Path) -> None:
-        self.fd: int | None = fd
-        self.path = path
 
     @classmethod
     def acquire(cls, url: str, source: str, cache_dir: Any = None) -> "UploadLock":
@@ -102,14 +98,6 @@ class UploadLock:
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(owner).encode(), 0)
         return cls(fd, path)
-
-    def release(self) -> None:
-        """Drop the lock (idempotent); the file stays (removing it would race with a new writer)."""
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            release_lock(fd)
-            with contextlib.suppress(OSError):
-                os.close(fd)
 
 
 def _holder_text(fd: int) -> str:
