@@ -234,8 +234,8 @@ class Core:
                     self.stream.synchronize()  # this stream only: the copies in flight
                 self.stream = None
 
-    def build(self):
-        """The DALI pipeline for these settings, fed by :meth:`source`."""
+    def graph_spec(self) -> GraphSpec:
+        """What :meth:`build` builds the DALI pipeline from: these settings on this core's device."""
         gpu = self.device.type == "cuda"
         mean, std, out = _normalisation(self.augment)
         spec = GraphSpec(
@@ -265,6 +265,11 @@ class Core:
                 dataclasses.replace(spec, crop=a.crop, interpolation=a.interpolation, stage=st, **dict(zip(("mean", "std", "out_dtype"), _normalisation(a))))
                 for a, st in zip(self.views, self.stages)
             ))  # fmt: skip
+        return spec
+
+    def build(self):
+        """The DALI pipeline for these settings, fed by :meth:`source`."""
+        spec = self.graph_spec()
         # DALI aborts the process when it cannot start a thread: ask for as many first (measured: a
         # CPU pipeline of N threads starts 2N + 3; the epoch thread and a margin on top)
         probe(2 * self.num_threads + 8, what=f"the DALI pipeline ({self.num_threads} CPU threads)")

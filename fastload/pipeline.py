@@ -322,10 +322,11 @@ def _view(view: GraphSpec, img: Any, anchor: Any, shape: Any, flip: Any, inputs:
     return fn.crop_mirror_normalize(img, device=device, mirror=flip, **_normalise_kw(view))
 
 
-def build_views_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
+def build_views_pipeline(spec: GraphSpec, source: Callable[[], tuple], *, build: bool = True):
     """The graph of a multi-view transform (``spec.views``): each image decoded once, whole, then per view its own
     window cut out and finished as :func:`_view` does. ``source()`` returns ``(encoded uint8 arrays, *per view: anchors
     float32 [x, y], shapes float32 [w, h], flips int32, the view's stage inputs)``; the pipeline has one output per view.
+    ``build=False``: the pipeline as defined, not built (see :func:`build_pipeline`).
     """
     dali, fn, types = import_dali()
     gpu = spec.device_id is not None
@@ -352,11 +353,12 @@ def build_views_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
         return tuple(outs)
 
     pipe = graph()
-    pipe.build()
+    if build:
+        pipe.build()
     return pipe
 
 
-def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
+def build_pipeline(spec: GraphSpec, source: Callable[[], tuple], *, build: bool = True):
     """Build the DALI pipeline. ``source()`` returns one batch as a tuple of lists,
     ``(encoded uint8 arrays, anchors float32 [x, y], shapes float32 [w, h], flips int32)``
     when training (without the flips when ``host_finish``; followed by the stage's inputs when
@@ -366,9 +368,11 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
     whole (:func:`fastload.augment.padcrop.pad_window`, not resized); or raises
     ``StopIteration`` at the end of an epoch. Returns the built pipeline, whose single output
     is the image batch (a multi-view ``spec.views``: :func:`build_views_pipeline`, one output per view).
+    ``build=False`` returns it defined but not built: its Python graph (each operator's backend and
+    argument placement) can then be inspected for a device this machine does not have.
     """
     if spec.views:
-        return build_views_pipeline(spec, source)
+        return build_views_pipeline(spec, source, build=build)
     dali, fn, types = import_dali()
     gpu = spec.device_id is not None
     dec_device = "mixed" if gpu else "cpu"
@@ -429,7 +433,8 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
         return fn.crop_mirror_normalize(img, device=op_device, **_normalise_kw(spec), **crop_kw)
 
     pipe = graph()
-    pipe.build()
+    if build:
+        pipe.build()
     return pipe
 
 
@@ -437,7 +442,7 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple]):
 DETECTION_INPUTS = ("encoded", "anchor", "shape", "size", "flip")
 
 
-def build_detection_pipeline(spec: GraphSpec):
+def build_detection_pipeline(spec: GraphSpec, *, build: bool = True):
     """Build the detection graph: per sample, the window ``anchor`` ``[x, y]`` / ``shape`` ``[w, h]``
     (the whole image when it is one) decoded alone (``decoders.image_slice``), resized to ``size``
     ``[h, w]`` (antialiased bilinear, as the PIL path), mirrored where ``flip``; uint8 HWC out.
@@ -445,6 +450,7 @@ def build_detection_pipeline(spec: GraphSpec):
     The host computes every number (``fastload.boxcrops``, ``fastload.detection.Plan``), so the
     boxes moved there are the pixels moved here. Fed with ``feed_input`` by the names of
     :data:`DETECTION_INPUTS`, any batch size up to ``spec.batch_size``; one run at a time.
+    ``build=False``: the pipeline as defined, not built (see :func:`build_pipeline`).
     """
     dali, fn, types = import_dali()
     gpu = spec.device_id is not None
@@ -464,5 +470,6 @@ def build_detection_pipeline(spec: GraphSpec):
         return fn.flip(img, device=op_device, horizontal=flip, vertical=0)
 
     pipe = graph()
-    pipe.build()
+    if build:
+        pipe.build()
     return pipe

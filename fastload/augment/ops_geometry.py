@@ -154,7 +154,7 @@ def warp_like_pil(img: Any, mt: Any, interpolation: str, fill: Sequence[int]) ->
     else:  # PIL truncates the interpolated value: float out, floored (the edge clamp keeps it in [0, 255])
         warped = fn.warp_affine(img, matrix=mt, interp_type=types.INTERP_LINEAR, inverse_map=True, dtype=types.FLOAT)
         warped = fn.cast(dali.math.floor(warped), dtype=types.UINT8)
-    blank = fn.zeros_like(img[:, :, 0:1])
+    blank = img[:, :, 0:1] * types.Constant(0, dtype=types.UINT8)  # (zeros_like has no GPU backend)
     outside = fn.warp_affine(blank, matrix=mt, fill_value=1.0, interp_type=types.INTERP_NN, inverse_map=True)
     colour = types.Constant(np.array(fill, dtype=np.uint8))
     return warped * (types.Constant(1, dtype=types.UINT8) - outside) + colour * outside
