@@ -6,7 +6,9 @@
 what a DataLoader with the same ``batch_size``, ``shuffle``, ``sampler``, ``batch_sampler``,
 ``drop_last`` and ``collate_fn`` gives: ``collate_fn(items)`` of the items the sampler names, each
 item what ``dataset[i]`` returns. The images are decoded (PIL) by ``num_threads`` threads, one batch
-ahead of the loop.
+ahead of the loop. The random steps of the dataset's transforms that :mod:`fastload.detaug` translates
+draw from ``(seed, epoch, place in the epoch, step)``, so the same seed gives the same batches
+whatever the number of threads.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ class AnnotatedLoader:
         plan: the dataset, as :func:`fastload.annotated.annotated_plan` found it.
         batch_size, shuffle, sampler, batch_sampler, drop_last, collate_fn, generator: DataLoader's.
             ``collate_fn=None`` is DataLoader's ``default_collate``.
-        seed: seeds ``shuffle``'s order (default: ``generator.initial_seed()``, else 0).
+        seed: seeds ``shuffle``'s order and the transforms' random steps (default: ``generator.initial_seed()``, else 0).
         num_threads: decoding threads (default: the cores, at most 8).
         cache_dir, progress: where the entry is kept, and whether packing shows progress.
 
@@ -132,8 +134,10 @@ class AnnotatedLoader:
         self._epoch_set, self._iterated = False, True
         with ThreadPoolExecutor(self.num_threads, thread_name_prefix="fastload-items") as pool:
             pending: list[Future] | None = None
+            position = 0  # each item's place in the epoch: its transforms' draws are keyed by (seed, epoch, position)
             for idx in self._batches():
-                nxt = [pool.submit(self.items.__getitem__, i) for i in idx]  # the next batch's items, while this one is used
+                nxt = [pool.submit(self.items.item, i, seed=self.seed, epoch=self.epoch, position=position + k) for k, i in enumerate(idx)]
+                position += len(idx)  # the next batch's items are built while this one is used
                 if pending is not None:
                     yield self.collate_fn([f.result() for f in pending])
                 pending = nxt
