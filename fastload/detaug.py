@@ -65,7 +65,7 @@ _V1_KIND = {"RandomHorizontalFlip": "flip", "RandomPhotometricDistort": "photome
 DRAWS = {"flip": 1, "photometric": 15, "zoomout": 4, "scalejitter": 1, "fixedsizecrop": 1, "shortest": 1}
 #: Mixed with the step's place into the seed its draws come from.
 STEP_SALT = 0x4F1BBCDCBFA53E0B
-#: What a refusal tells a user to do instead (the same words as :data:`fastload.annotated.ROUTE`).
+#: The steps translated, as a refusal lists them.
 TRANSLATED = ("RandomHorizontalFlip, RandomPhotometricDistort, RandomZoomOut, RandomIoUCrop, ScaleJitter, RandomShortestSize "
               "(torchvision v2 and the detection references' own), FixedSizeCrop (the references')")  # fmt: skip
 
@@ -153,13 +153,13 @@ def _step(t: Any, joint: bool) -> Step | str:
             return Step(t, "run", "Identity")
         if not joint and name in ("ToTensor", "PILToTensor", "ConvertImageDtype") and type(t).__module__ == "torchvision.transforms.transforms":
             return Step(t, "run", name)
-        return "not one FastLoader translates"
+        return "a step FastLoader neither runs nor translates"
     if name in V1_CLASSES:
         if not joint:
             return "the references' classes take (image, target): give it as the dataset's transforms="
         why = _v1_unreadable(t)
         return why if why is not None else Step(t, "v1", _V1_KIND[name])
-    return "not one FastLoader translates"
+    return "a step FastLoader neither runs nor translates"
 
 
 def program(t: Any, *, joint: bool, where: str, kind: str, route: str) -> "Program | None":
@@ -499,11 +499,6 @@ class Program:
 
     def __init__(self, steps: list[Step], joint: bool) -> None:
         self.steps, self.joint = steps, joint
-
-    @property
-    def random(self) -> bool:
-        """Whether any step draws."""
-        return any(s.how != "run" for s in self.steps)
 
     def __call__(self, image: Any, target: Any, *, seed: int, epoch: int, position: int) -> tuple[Any, Any]:
         for k, s in enumerate(self.steps):

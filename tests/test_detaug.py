@@ -488,3 +488,25 @@ def test_an_image_transform_of_v2_steps_is_translated(coco):
         want_im, want_t = ds[i]  # p=1: the dataset's own flip is certain
         assert torch.equal(im, want_im) and t == want_t
     assert math.isfinite(float(got[0][0].float().mean()))
+
+
+def test_voc_datasets_with_translated_steps(tmp_path):
+    """VOC, v2-wrapped: a segmentation mask (its 255 border too) flips with its image; a detection preset runs, seeded."""
+    from test_annotated import write_voc
+    from torchvision.datasets import VOCDetection, VOCSegmentation
+
+    root = write_voc(tmp_path)
+    flip = v2.Compose([v2.RandomHorizontalFlip(p=1.0), v2.ToImage()])  # p=1: the dataset's own flip is certain
+    seg = wrap_dataset_for_transforms_v2(VOCSegmentation(str(root), year="2012", image_set="train", transforms=flip))
+    got = [(im, m) for images, masks in fastload.FastLoader(seg, batch_size=2, collate_fn=pairs, cache_dir=tmp_path / "c", progress=False)
+           for im, m in zip(images, masks)]  # fmt: skip
+    for i, (im, m) in enumerate(got):
+        assert same(im, seg[i][0]) and same(m, seg[i][1]) and 255 in m.unique().tolist(), i
+    preset = ref.DetectionPresetTrain(data_augmentation="ssdlite", use_v2=True)
+    det = wrap_dataset_for_transforms_v2(VOCDetection(str(root), year="2012", image_set="train", transforms=preset))
+    runs = [list(fastload.FastLoader(det, batch_size=2, collate_fn=pairs, cache_dir=tmp_path / "c", progress=False, seed=2, num_threads=n))
+            for n in (1, 2)]  # fmt: skip
+    assert same(runs[0], runs[1])
+    for images, targets in runs[0]:
+        for im, t in zip(images, targets):
+            assert len(t["boxes"]) == len(t["labels"]) >= 1 and bool((t["boxes"][:, 2] <= im.shape[2]).all())
