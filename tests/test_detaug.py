@@ -202,7 +202,7 @@ def test_iou_crop_options_and_windows_are_the_classes():
     boxes = tv_tensors.BoundingBoxes([[10, 8, 40, 28], [60, 40, 100, 70]], format="XYXY", canvas_size=(90, 120), dtype=torch.float32)
     flat = [tv_tensors.Image(torch.zeros(3, 90, 120, dtype=torch.uint8)), boxes]
     torch.manual_seed(5)
-    n = N // 2
+    n = 1000  # torchvision's loop of trials is slow in Python: 1000 of its draws take seconds
     theirs = [t.make_params(flat) for _ in range(n)]
     mine = [detaug.v2_params(step, flat, [True, True], seed=6, epoch=0, position=k) for k in range(n)]
     rates([not p for p in theirs], [not p for p in mine], "left whole (option 1.0)")
