@@ -128,16 +128,25 @@ class AnnotatedLoader:
                 raise IndexError(f"the sampler gave index {bad}, and the dataset has {n} items")
             yield [i % n for i in idx]
 
+    def _places(self) -> tuple[int, int]:
+        """This rank's first place in the epoch's global order and the stride between its places: a
+        DistributedSampler's rank ``r`` of ``n`` takes the places ``r, r + n, ...`` of its order, so
+        no two ranks draw alike and together they draw what one process would."""
+        rank, world = getattr(self.sampler, "rank", None), getattr(self.sampler, "num_replicas", None)
+        if isinstance(rank, int) and isinstance(world, int) and 0 <= rank < world:
+            return rank, world
+        return 0, 1
+
     def __iter__(self) -> Iterator[Any]:
         if not self._epoch_set and getattr(self, "_iterated", False):
             self.epoch += 1
         self._epoch_set, self._iterated = False, True
         with ThreadPoolExecutor(self.num_threads, thread_name_prefix="fastload-items") as pool:
             pending: list[Future] | None = None
-            position = 0  # each item's place in the epoch: its transforms' draws are keyed by (seed, epoch, position)
-            for idx in self._batches():
-                nxt = [pool.submit(self.items.item, i, seed=self.seed, epoch=self.epoch, position=position + k) for k, i in enumerate(idx)]
-                position += len(idx)  # the next batch's items are built while this one is used
+            place, step = self._places()
+            for idx in self._batches():  # each item's transforms draw from (seed, epoch, its place in the epoch)
+                nxt = [pool.submit(self.items.item, i, seed=self.seed, epoch=self.epoch, position=place + step * k) for k, i in enumerate(idx)]
+                place += step * len(idx)  # the next batch's items are built while this one is used
                 if pending is not None:
                     yield self.collate_fn([f.result() for f in pending])
                 pending = nxt

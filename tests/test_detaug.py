@@ -513,3 +513,19 @@ def test_voc_datasets_with_translated_steps(tmp_path):
     for images, targets in runs[0]:
         for im, t in zip(images, targets):
             assert len(t["boxes"]) == len(t["labels"]) >= 1 and bool((t["boxes"][:, 2] <= im.shape[2]).all())
+
+
+def test_distributed_ranks_draw_as_one_process_would(coco):
+    """Rank r of a DistributedSampler draws at the places r, r + n, ... of the epoch: the ranks' items,
+    interleaved, are one process's items (one image forty times, flipped or not)."""
+    _, img, ann = coco
+    base = wrap_dataset_for_transforms_v2(CocoDetection(img, ann, transforms=v2.Compose([v2.RandomHorizontalFlip(), v2.ToImage()])))
+    ds = torch.utils.data.Subset(base, [1] * 40)
+    one_process = [im for images, _ in loader(ds, coco, seed=5, batch_size=4) for im in images]
+    ranks = []
+    for r in range(2):
+        sampler = torch.utils.data.distributed.DistributedSampler(ds, num_replicas=2, rank=r, shuffle=False)
+        ranks.append([im for images, _ in loader(ds, coco, seed=5, batch_size=4, sampler=sampler) for im in images])
+    assert not same(ranks[0], ranks[1])
+    assert same([ranks[g % 2][g // 2] for g in range(40)], one_process)
+    assert 5 < sum(bool(torch.equal(im, one_process[0])) for im in one_process) < 35  # flipped some of the times
