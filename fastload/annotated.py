@@ -1,7 +1,8 @@
 """torchvision's CocoDetection, VOCSegmentation and VOCDetection (plain, under Subset, v2-wrapped) packed once with their annotations and their items rebuilt as their ``__getitem__`` builds them.
 
 :func:`annotated_plan` recognises such a dataset (or says it is not one), :func:`check_transforms`
-refuses the steps that are not run as they are, naming each with a route that works, and
+reads its transforms (the detection references' random steps translated by :mod:`fastload.detaug`,
+anything else refused by name with a route that works), and
 :meth:`AnnotatedPlan.open` packs the images (the pixels of ``Image.open(f).convert("RGB")``, as
 the datasets load them) with each image's annotation into a cache entry, once. Each item is then
 rebuilt from the entry exactly: COCO's annotation list (the JSON objects the annotation file
@@ -38,11 +39,6 @@ ANNOTATED_KINDS = {"CocoDetection": ("anns", "str"), "VOCSegmentation": ("mask",
 
 #: Methods whose override would change what a served dataset's ``dataset[i]`` is.
 _ITEM_METHODS = ("__getitem__", "__len__", "_load_image", "_load_target", "parse_voc_xml")
-
-#: Deterministic conversions run as they are (the user's own objects), by class name (torchvision.transforms only).
-_CONVERSIONS = {
-    "ToTensor", "PILToTensor", "ToImage", "ToDtype", "ConvertImageDtype", "ToPureTensor", "Identity",
-}  # fmt: skip
 
 #: The route for a step FastLoader does not run itself.
 ROUTE = (
@@ -115,6 +111,7 @@ class AnnotatedPlan:
         self.obj, self.base, self.kind, self.wrapper, self.indices, self.name = obj, base, kind, wrapper, indices, name
         self.transforms = wrapper.transforms if wrapper is not None else base.transforms
         self.field = ANNOTATED_KINDS[kind][0]
+        self.program: Any = None  # the transforms as :func:`check_transforms` read them
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -185,50 +182,30 @@ def _plain_route(kind: str) -> str:
     )
 
 
-def _steps(t: Any, depth: int = 0) -> list[Any]:
-    """The steps of a (v1 or v2) Compose, opened; anything else is one step."""
-    if depth > 50:
-        raise ConfigError("transforms: Compose nested more than 50 deep")
-    if type(t).__name__ == "Compose" and type(t).__module__.startswith("torchvision.transforms"):
-        return [s for x in t.transforms for s in _steps(x, depth + 1)]
-    return [t]
-
-
-def _is_conversion(t: Any) -> bool:
-    import torch
-
-    if isinstance(t, torch.nn.Identity):
-        return True
-    return type(t).__name__ in _CONVERSIONS and type(t).__module__.startswith("torchvision.transforms")
-
-
-def check_transforms(plan: AnnotatedPlan) -> None:
-    """Refuse, naming it, any step of the dataset's transforms that is not a deterministic conversion
-    to a tensor (those run as they are, on each item, exactly as the dataset runs them).
+def check_transforms(plan: AnnotatedPlan) -> Any:
+    """Read the dataset's transforms into a :class:`fastload.detaug.Program` (None: no transforms), kept as
+    ``plan.program``: deterministic conversions run as they are, the detection references' random steps
+    translated (:mod:`fastload.detaug`); any other step refused, by name.
 
     Raises:
         ConfigError: the step, its place, and :data:`ROUTE`.
     """
+    from .detaug import program
+
     t = plan.transforms
+    plan.program = None
     if t is None:
-        return
-    where = f"{plan.name}.transforms"
+        return None
+    where, joint = f"{plan.name}.transforms", True
     if type(t).__name__ == "StandardTransform":  # transform= and target_transform= of the dataset
         if t.target_transform is not None:
             raise ConfigError(
                 f"{plan.name}: target_transform {shown(t.target_transform)} is a function FastLoader does not read; {ROUTE} "
                 "(a target_transform f becomes the transforms lambda image, target: (image, f(target)))"
             )
-        t, where = t.transform, f"{plan.name}.transform"
-        if t is None:
-            return
-    steps = _steps(t)
-    for k, s in enumerate(steps):
-        if not _is_conversion(s):
-            raise ConfigError(
-                f"{where}: step {k + 1} of {len(steps)}, {shown(s)}, is not run by FastLoader on a {plan.kind} (it runs "
-                f"the deterministic conversions ToImage, ToDtype, PILToTensor, ToTensor, ConvertImageDtype as they are); {ROUTE}"
-            )
+        t, where, joint = t.transform, f"{plan.name}.transform", False
+    plan.program = program(t, joint=joint, where=where, kind=plan.kind, route=ROUTE)
+    return plan.program
 
 
 class AnnotatedItems:
@@ -241,6 +218,11 @@ class AnnotatedItems:
         return len(self.plan)
 
     def __getitem__(self, p: int) -> tuple[Any, Any]:
+        return self.item(p)
+
+    def item(self, p: int, *, seed: int = 0, epoch: int = 0, position: int | None = None) -> tuple[Any, Any]:
+        """Item ``p``; the draws of its transforms' random steps keyed by ``(seed, epoch, position)``
+        (``position``: its place in the epoch; default ``p``)."""
         from PIL import Image
 
         plan = self.plan
@@ -258,6 +240,9 @@ class AnnotatedItems:
             target = plan.base.parse_voc_xml(ET.fromstring(bytes(raw)))
         if plan.wrapper is not None:
             image, target = plan.wrapper._wrapper(i, (image, target))
+        program = getattr(plan, "program", None)
+        if program is not None:
+            return program(image, target, seed=seed, epoch=epoch, position=p if position is None else position)
         if plan.transforms is not None:
             image, target = plan.transforms(image, target)
         return image, target

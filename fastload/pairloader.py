@@ -6,7 +6,9 @@
 what a DataLoader with the same ``batch_size``, ``shuffle``, ``sampler``, ``batch_sampler``,
 ``drop_last`` and ``collate_fn`` gives: ``collate_fn(items)`` of the items the sampler names, each
 item what ``dataset[i]`` returns. The images are decoded (PIL) by ``num_threads`` threads, one batch
-ahead of the loop.
+ahead of the loop. The random steps of the dataset's transforms that :mod:`fastload.detaug` translates
+draw from ``(seed, epoch, place in the epoch, step)``, so the same seed gives the same batches
+whatever the number of threads.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ class AnnotatedLoader:
         plan: the dataset, as :func:`fastload.annotated.annotated_plan` found it.
         batch_size, shuffle, sampler, batch_sampler, drop_last, collate_fn, generator: DataLoader's.
             ``collate_fn=None`` is DataLoader's ``default_collate``.
-        seed: seeds ``shuffle``'s order (default: ``generator.initial_seed()``, else 0).
+        seed: seeds ``shuffle``'s order and the transforms' random steps (default: ``generator.initial_seed()``, else 0).
         num_threads: decoding threads (default: the cores, at most 8).
         cache_dir, progress: where the entry is kept, and whether packing shows progress.
 
@@ -126,14 +128,25 @@ class AnnotatedLoader:
                 raise IndexError(f"the sampler gave index {bad}, and the dataset has {n} items")
             yield [i % n for i in idx]
 
+    def _places(self) -> tuple[int, int]:
+        """This rank's first place in the epoch's global order and the stride between its places: a
+        DistributedSampler's rank ``r`` of ``n`` takes the places ``r, r + n, ...`` of its order, so
+        no two ranks draw alike and together they draw what one process would."""
+        rank, world = getattr(self.sampler, "rank", None), getattr(self.sampler, "num_replicas", None)
+        if isinstance(rank, int) and isinstance(world, int) and 0 <= rank < world:
+            return rank, world
+        return 0, 1
+
     def __iter__(self) -> Iterator[Any]:
         if not self._epoch_set and getattr(self, "_iterated", False):
             self.epoch += 1
         self._epoch_set, self._iterated = False, True
         with ThreadPoolExecutor(self.num_threads, thread_name_prefix="fastload-items") as pool:
             pending: list[Future] | None = None
-            for idx in self._batches():
-                nxt = [pool.submit(self.items.__getitem__, i) for i in idx]  # the next batch's items, while this one is used
+            place, step = self._places()
+            for idx in self._batches():  # each item's transforms draw from (seed, epoch, its place in the epoch)
+                nxt = [pool.submit(self.items.item, i, seed=self.seed, epoch=self.epoch, position=place + step * k) for k, i in enumerate(idx)]
+                place += step * len(idx)  # the next batch's items are built while this one is used
                 if pending is not None:
                     yield self.collate_fn([f.result() for f in pending])
                 pending = nxt
