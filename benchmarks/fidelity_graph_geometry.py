@@ -6,14 +6,19 @@ Usage: ``.venv/bin/python benchmarks/fidelity_graph_geometry.py [--out FILE]`` (
 Images: uniform noise (the worst case for interpolation) and a smooth RGB gradient, each at 37x53, 40x40 and
 224x224; magnitudes: each operation's table value of ``tests/test_graph_geometry.py`` and the largest the
 policies draw (torchvision's TrivialAugmentWide: shear 0.99, translation 32, rotation 135; timm: rotation 30,
-shear 0.3, translation 100 pixels or 0.45 of the side), both signs.
+shear 0.3, translation 100 pixels or 0.45 of the side), both signs. Cost: each operation at its table magnitude
+on 32 noise crops of 224x224 with a colour fill (timm's DeiT fill, the ImageNet mean), CPU milliseconds per image
+over all threads (another process's load does not count): the graph on DALI's CPU backend (2 threads, best of 3
+runs of 3 batches) and the library's own PIL function (one thread, best of 3).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import platform
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -46,18 +51,57 @@ def measure(library: str, name: str, interpolation: str, kind: str) -> tuple[int
     return int(d.max()), float(d.mean()), float((d > 1).mean())
 
 
+COST_FILL = (124, 116, 104)
+
+
+def cost(library: str, name: str, interpolation: str, crops: list[np.ndarray]) -> tuple[float, float]:
+    """(graph, PIL) CPU milliseconds per image of the operation on ``crops`` (see the module's docstring)."""
+    from fastload.pipeline import import_dali
+
+    dali, fn, types = import_dali()
+    m = MAGNITUDES[(library, name)]
+    op = geometry_op(library, name, interpolation, COST_FILL)
+    par = [op.params((m,))] * len(crops)
+
+    @dali.pipeline_def(batch_size=len(crops), num_threads=2, device_id=None)
+    def pipe():
+        img = fn.external_source(source=lambda: crops, batch=True, layout="HWC", dtype=types.UINT8, ndim=3)
+        return op.graph(img, fn.external_source(source=lambda: par, batch=True, dtype=types.FLOAT, ndim=1))
+
+    pp = pipe()
+    pp.build()
+    pp.run()
+    graph = pil = float("inf")
+    for _ in range(3):
+        t = time.process_time()
+        for _ in range(3):
+            pp.run()
+        graph = min(graph, (time.process_time() - t) / 3 / len(crops) * 1000)
+        t = time.process_time()
+        for c in crops:
+            library_output(c, library, name, m, interpolation, COST_FILL)
+        pil = min(pil, (time.process_time() - t) / len(crops) * 1000)
+    return graph, pil
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None, help="write the table here (default: log it)")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    rows = ["| library | operation | interpolation | noise: max | mean | > 1 level | gradient: max | mean | > 1 level |",
-            "|---|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    crops = [noise_image(224, 224, seed=i) for i in range(32)]
+    rows = [f"Machine: {platform.processor() or platform.machine()}, python {platform.python_version()}; "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", "",
+            "| library | operation | interpolation | noise: max | mean | > 1 level | gradient: max | mean | > 1 level "
+            "| graph CPU ms / image | PIL CPU ms / image |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for library, names in GEOMETRY_NAMES.items():
         for name in names:
             for interp in ("nearest", "bilinear", "bicubic"):
                 n, g = measure(library, name, interp, "noise"), measure(library, name, interp, "gradient")
-                rows.append(f"| {library} | {name} | {interp} | {n[0]} | {n[1]:.3f} | {n[2]:.3%} | {g[0]} | {g[1]:.3f} | {g[2]:.3%} |")
+                ms = cost(library, name, interp, crops)
+                rows.append(f"| {library} | {name} | {interp} | {n[0]} | {n[1]:.3f} | {n[2]:.3%} | {g[0]} | {g[1]:.3f} "
+                            f"| {g[2]:.3%} | {ms[0]:.2f} | {ms[1]:.2f} |")
                 logging.info(rows[-1])
     if a.out:
         a.out.write_text("\n".join(rows) + "\n")
