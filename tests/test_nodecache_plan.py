@@ -115,7 +115,9 @@ def test_the_ranks_of_a_node_name_the_same_plan_and_another_epoch_another():
 def test_each_rank_reads_where_the_others_stand_on_the_board(tmp_path, monkeypatch):
     folder = tmp_path / ".node"
     zero, one = PositionBoard(folder, "a" * 16, 0, [0, 1]), PositionBoard(folder, "a" * 16, 1, [0, 1])
-    assert zero.positions(9) == {0: 9, 1: 0}  # rank 1 wrote nothing yet: not begun
+    lone = PositionBoard(tmp_path / "elsewhere", "a" * 16, 0, [0, 1], first=False)
+    assert zero.positions(9) == {0: 9, 1: 0}  # the first epoch, rank 1 not started yet: at its start
+    assert lone.positions(9) == {0: 9, 1: 9}  # after the first epoch, never seen here: in step
     one.publish(5)
     assert zero.positions(9) == {0: 9, 1: 5}
     one.publish(123456)
@@ -123,11 +125,15 @@ def test_each_rank_reads_where_the_others_stand_on_the_board(tmp_path, monkeypat
     later = PositionBoard(folder, "b" * 16, 1, [0, 1])  # rank 1 on another plan (another epoch)
     later.publish(3)
     assert zero.read(1) is None and zero.positions(9) == {0: 9, 1: 0}
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (folder / "rank-1").write_text(f"{'a' * 16} {int(gone.stdout):10d} {7:12d}\n")  # left by a process that ended
+    assert zero.read(1) is None
+    assert zero.positions(9) == {0: 9, 1: 0}  # the first epoch: maybe a rank of this run not started yet
+    again = PositionBoard(folder, "a" * 16, 0, [0, 1], first=False)  # a later epoch of the same process
+    assert again.positions(9) == {0: 9, 1: 9}
+    later.publish(3)
     monkeypatch.setattr(nodeplan, "PEER_GRACE", 0.0)  # long after the plan began: taken to be in step
     assert zero.positions(9) == {0: 9, 1: 9}
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (folder / "rank-1").write_text(f"{'a' * 16} {int(gone.stdout):10d} {7:12d}\n")  # its process has ended
-    assert zero.read(1) is None
-    for b in (zero, one, later):
+    for b in (zero, one, later, lone, again):
         b.close()
     zero.publish(4)  # closed: nothing written, nothing raised

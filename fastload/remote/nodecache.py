@@ -274,6 +274,7 @@ class RemoteShards:
         self._peer_uses: dict[int, dict[int, np.ndarray]] = {}  # the other local ranks' (nodeplan), by rank
         self._peer_pos: dict[int, int] = {}  # where they stood when last read from the board
         self._board: PositionBoard | None = None
+        self._boarded = False  # a board was made (peers that never wrote one since are not of this cache)
         self._began = 0.0  # time.time() when the epoch the cache serves began (its plan was made)
         self._cond = threading.Condition(self._mutex)
         self._queue: list[int] = []
@@ -667,7 +668,8 @@ class RemoteShards:
         if peer_uses and self.root is not None:
             node = {rank: uses, **peer_uses}
             order = first_use_order(node)
-            board = PositionBoard(self.root / ".node", plan_id(node), rank, peer_uses)
+            board = PositionBoard(self.root / ".node", plan_id(node), rank, peer_uses, first=not self._boarded)
+            self._boarded = True
             board.publish(0)
         with self._cond:
             old, self._board = self._board, board

@@ -7,10 +7,11 @@ by any local rank, at or after that rank's position (:func:`node_next_uses`); a 
 rank uses again is the first to go, then the one needed farthest ahead (:func:`eviction_order`).
 
 The positions come from a :class:`PositionBoard`: each rank writes the batch it stands at into a
-small file of the node cache, and reads the others'. A rank that has not written one for this
-plan (or whose process is gone) is taken to stand at the plan's start for a grace period (it has
-not begun the epoch yet), then where the reader stands: the ranks of a node train in step under
-DDP, so batch ``b`` of every rank is read at about the same time.
+small file of the node cache, and reads the others'. A rank that has not begun this plan yet is
+taken to stand at its start for a grace period; any other rank whose position is not known
+(its process gone, or never seen in this cache after the first epoch: a rank of another node
+that ``LOCAL_WORLD_SIZE`` counts here) stands where the reader stands: the ranks of a node train
+in step under DDP, so batch ``b`` of every rank is read at about the same time.
 
 Which ranks share a node: ``LOCAL_WORLD_SIZE`` (set by ``torchrun``) ranks numbered contiguously,
 this one ``LOCAL_RANK`` among them (else ``rank % LOCAL_WORLD_SIZE``); without it, one rank.
@@ -146,10 +147,11 @@ class PositionBoard:
         plan: :func:`plan_id` of the epoch being read.
         rank: this rank.
         peers: the other local ranks.
+        first: this is the process's first plan (a peer may not have written anything yet).
     """
 
-    def __init__(self, folder: Path, plan: str, rank: int, peers: Iterable[int]) -> None:
-        self.folder, self.plan, self.rank = Path(folder), plan, rank
+    def __init__(self, folder: Path, plan: str, rank: int, peers: Iterable[int], *, first: bool = True) -> None:
+        self.folder, self.plan, self.rank, self.first = Path(folder), plan, rank, first
         self.peers = [p for p in peers if p != rank]
         self.since = time.monotonic()
         self._fd = -1
@@ -170,8 +172,8 @@ class PositionBoard:
                 except OSError as e:
                     log.debug("node cache: position not written: %s", e)
 
-    def read(self, rank: int) -> int | None:
-        """Where ``rank`` stands in this plan; None if it wrote no position for it or its process is gone."""
+    def _record(self, rank: int) -> tuple[str, int, int] | None:
+        """``(plan, pid, position)`` that ``rank`` last wrote; None if it wrote nothing readable."""
         try:
             fd = os.open(self.folder / f"rank-{rank}", os.O_RDONLY)
         except OSError:
@@ -182,18 +184,30 @@ class PositionBoard:
             return None
         finally:
             os.close(fd)
-        if len(raw) != 3 or raw[0] != self.plan or not raw[1].isdigit() or not raw[2].isdigit():
+        if len(raw) != 3 or not raw[1].isdigit() or not raw[2].isdigit():
             return None
-        return int(raw[2]) if _alive(int(raw[1])) else None
+        return raw[0], int(raw[1]), int(raw[2])
+
+    def read(self, rank: int) -> int | None:
+        """Where ``rank`` stands in this plan; None if it wrote no position for it or its process is gone."""
+        rec = self._record(rank)
+        return rec[2] if rec is not None and rec[0] == self.plan and _alive(rec[1]) else None
 
     def positions(self, mine: int) -> dict[int, int]:
-        """Every local rank's position: this rank's ``mine``, each peer's as it wrote it; a peer that
-        wrote none for this plan stands at 0 (not begun yet) for :data:`PEER_GRACE` seconds, then at ``mine``."""
-        unknown = 0 if time.monotonic() - self.since < PEER_GRACE else mine
+        """Every local rank's position: this rank's ``mine``; each peer's as it wrote it for this plan.
+        A peer not begun yet stands at 0 for :data:`PEER_GRACE` seconds after this plan began: one
+        whose last position is of another plan (the last epoch), or, at this process's ``first``
+        plan, one with no live position yet (none, or one a past run left). Any other (none live
+        after the first plan: not of this cache, or ended; the grace past) stands at ``mine``."""
+        waiting = time.monotonic() - self.since < PEER_GRACE
         out = {self.rank: mine}
         for p in self.peers:
-            got = self.read(p)
-            out[p] = unknown if got is None else got
+            rec = self._record(p)
+            live = rec is not None and _alive(rec[1])  # else none, or left by a process that ended
+            if live and rec[0] == self.plan:  # type: ignore[index]
+                out[p] = rec[2]  # type: ignore[index]
+            else:
+                out[p] = 0 if waiting and (live or self.first) else mine
         return out
 
     def close(self) -> None:
