@@ -137,3 +137,21 @@ def test_each_rank_reads_where_the_others_stand_on_the_board(tmp_path, monkeypat
     for b in (zero, one, later, lone, again):
         b.close()
     zero.publish(4)  # closed: nothing written, nothing raised
+
+
+@pytest.mark.parametrize("pad, drop_last", [(True, False), (False, False), (True, True)])
+def test_a_rank_plans_another_ranks_batches_as_that_rank_does(pad, drop_last):
+    kw = dict(num_samples=sum(COUNTS), batch_size=4, seed=2, world_size=3, order="shards", window=3,
+              shard_sizes=COUNTS, pad=pad, drop_last=drop_last)  # fmt: skip
+    mine = EpochSampler(rank=0, **kw)
+    consumed = [[0, 7], [20, 32]]  # 37 left: with pad=False ranks get 13, 12, 12, so 4, 3, 3 batches
+    for r in range(3):
+        theirs = EpochSampler(rank=r, **kw)
+        for start, resumed in ((0, None), (1, None), (0, consumed)):
+            mine.resume(1 if resumed else None, resumed)
+            theirs.resume(1 if resumed else None, resumed)
+            a, b = list(mine.batches(1, start, rank=r)), list(theirs.batches(1, start))
+            assert [(x.number, x.indices.tolist(), x.positions.tolist()) for x in a] == \
+                   [(x.number, x.indices.tolist(), x.positions.tolist()) for x in b]  # fmt: skip
+    with pytest.raises(Exception, match="rank must be in"):
+        next(mine.batches(1, rank=3))
