@@ -26,11 +26,20 @@ from .core import CLOSED, SUPERSEDED, Core
 from .errors import FastloadError, LoaderError
 from .host import finish_crops
 from .pipeline import cpu_samples
-from .sampler import Batch
+from .sampler import Batch, EpochSampler
 from .threads import cannot_start, start_threads
 
 _END = object()
 
+
+
+def node_plan(plan: Any, epoch: int, start: int) -> dict[str, Any]:
+    """The keywords by which a URL's node cache learns the batches of the node's other ranks
+    (``peers``: rank -> the same stretch of ``epoch`` as that rank reads it); none for a plan
+    that cannot give another rank's batches (a user's sampler)."""
+    if not isinstance(plan, EpochSampler) or plan.world_size <= 1:
+        return {}
+    return {"peers": lambda r: plan.batches(epoch, start, rank=r), "rank": plan.rank, "world_size": plan.world_size}
 
 
 class _Failure:
@@ -71,7 +80,10 @@ class EpochRun:
         follow = getattr(core.dataset, "follow_epoch", None)  # a URL's dataset downloads in the epoch's order
         batches = core.plan.batches(epoch, start)
         ra = core.read_ahead
-        self._plan = ra.ahead(batches) if follow is None else follow(batches, ra.ahead, hold=ra.depth + 2)
+        if follow is None:
+            self._plan = ra.ahead(batches)
+        else:
+            self._plan = follow(batches, ra.ahead, hold=ra.depth + 2, **node_plan(core.plan, epoch, start))
         self._inflight: collections.deque[Batch] = collections.deque()
         self.read_buffer: np.ndarray | None = None  # Dataset.read_batch's, reused by DALI's callback
         self.flips: collections.deque[tuple[np.ndarray, dict]] = collections.deque()  # host_finish: flips, reduced-scale jobs

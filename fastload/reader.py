@@ -290,13 +290,17 @@ class Dataset:
         if self.remote is not None:
             self.remote.release(k)
 
-    def follow_epoch(self, batches: Iterable[Any], ahead: Callable[[Iterable[Any]], Iterator[Any]], *, hold: int = 8) -> Iterator[Any]:
+    def follow_epoch(self, batches: Iterable[Any], ahead: Callable[[Iterable[Any]], Iterator[Any]], *, hold: int = 8,
+                     peers: Callable[[int], Iterable[Any]] | None = None, rank: int = 0, world_size: int = 1) -> Iterator[Any]:  # fmt: skip
         """``ahead(batches)``; for a URL's dataset, while its shards are downloaded in the order the
         batches need them and those the next ``hold`` batches do not need are closed (``hold`` must
-        exceed how far ``ahead`` reads in advance; :meth:`RemoteShards.follow`)."""
+        exceed how far ``ahead`` reads in advance; :meth:`RemoteShards.follow`). ``peers(r)``: the
+        same batches as rank ``r`` of ``world_size`` reads them (this one is ``rank``), so that the
+        node's cache evicts by the uses of every rank of the node."""
         if self.remote is None:
             return ahead(batches)
-        return self.remote.follow(list(batches), self._firsts, ahead, self._release, hold=hold)
+        return self.remote.follow(list(batches), self._firsts, ahead, self._release, hold=hold,
+                                  peers=peers, rank=rank, world_size=world_size)  # fmt: skip
 
     def prefetch_epoch(self, batches: Iterable[Any]) -> bool:
         """For a URL's dataset, start downloading the shards of an epoch that is about to start (``batches``,

@@ -439,15 +439,19 @@ class EpochSampler:
             mask[rem[slots[slots < m]]] = True
         return intervals_of(mask)
 
-    def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
-        """This rank's batches of ``epoch``, starting at batch number ``start``.
+    def batches(self, epoch: int, start: int = 0, rank: int | None = None) -> Iterator[Batch]:
+        """This rank's batches of ``epoch`` (or those of ``rank`` of the same world), starting at batch
+        number ``start``.
 
         A resumed epoch (:meth:`resume`) yields the batches of its remainder, numbered from
         :meth:`first_batch` to ``len(self) - 1``.
         """
+        r = self.rank if rank is None else operator.index(rank)
+        if not 0 <= r < self.world_size:
+            raise ConfigError(f"rank must be in [0, world_size={self.world_size}), got {rank!r}")
         base = self._base(epoch, None)
-        idx, pos = self._layout(epoch, self.rank, base)
-        first = self.first_batch(epoch, base)
+        idx, pos = self._layout(epoch, r, base)
+        first = self.first_batch(epoch, base, rank=r)
         for b in range(max(start, first), first + self._count(len(idx))):
             s = slice((b - first) * self.batch_size, (b - first + 1) * self.batch_size)
             yield Batch(b, idx[s], pos[s])

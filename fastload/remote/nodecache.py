@@ -15,18 +15,20 @@ Layout under ``CACHE/remote/`` (``CACHE`` is ``cache_dir``, else ``$FASTLOAD_CAC
         .locks/shard-00000.lmdb.lock  flock: shared while a reader has the shard open, exclusive while
                                       it is downloaded or deleted
         .downloads                    one line per completed shard download (``file pid``)
+        .node/rank-R                  the batch rank R stands at in the epoch's plan (eviction)
 
 A shard is downloaded under its exclusive lock into a ``.part`` file, its SHA-256 computed as
 the bytes arrive and compared with the manifest's (on a mismatch it is fetched once more, then
 :class:`~fastload.errors.CorruptDataError` names it), and renamed into place: a reader never
 sees a partial or unverified shard, and the ranks of a node download each shard once while it
-is cached. Readers hold a shared lock on each shard they have open, and only a shard no reader
+is cached. Under a size limit the shards evicted are those no rank of the node reads again, then
+those the node needs latest (:mod:`fastload.remote.nodeplan`: each rank knows every local rank's
+batches and reads where they stand from ``.node/rank-R``). Readers hold a shared lock on each shard they have open, and only a shard no reader
 holds is deleted to make room.
 """
 
 from __future__ import annotations
 
-import collections
 import errno
 import fcntl
 import hashlib
@@ -45,6 +47,7 @@ import numpy as np
 
 from ..errors import ConfigError, CorruptDataError, FormatError, RemoteError, printable
 from ..format import MANIFEST_NAME, MAX_MANIFEST_BYTES, MAX_SHARD_BYTES, Manifest
+from .nodeplan import PositionBoard, first_use_order, local_ranks, next_use, plan_id, shard_uses
 from .store import NotFound, RemoteStore
 from .url import parse_url
 
@@ -232,9 +235,10 @@ class RemoteShards:
         url: ``s3://bucket/prefix`` (or ``gs://``, ``az://``, ``https://``).
         cache_dir: the node's cache (default ``$FASTLOAD_CACHE`` or ``~/.cache/fastload``).
         cache_limit: bytes the node's remote cache may hold (int or ``"50GB"``); None: no limit.
-            Shards the rest of the epoch does not need are deleted first, then those needed
-            latest; it is exceeded only by shards that readers of the node have open or are
-            downloading because a batch waits for them.
+            Shards the rest of the epoch does not need (on any rank of the node, when the loader
+            gives the other ranks' batches) are deleted first, then those needed latest; it is
+            exceeded only by shards that readers of the node have open or are downloading because
+            a batch waits for them.
         storage_options: endpoint, credentials and client settings (see :class:`RemoteStore`).
         retry_deadline: seconds a request is retried for before a RemoteError (default 180).
         threads: downloads run ahead of the epoch at once (1..64).
@@ -265,8 +269,12 @@ class RemoteShards:
         n = 0 if self.manifest is None else len(self.manifest.shards)
         self._klocks: list[threading.Lock] = [threading.Lock() for _ in range(n)]  # one per shard, made up front
         self._mutex = threading.Lock()
-        self._uses: dict[int, np.ndarray] = {}
+        self._uses: dict[int, np.ndarray] = {}  # this rank's: shard -> positions of the batches that read it
         self._pos = 0
+        self._peer_uses: dict[int, dict[int, np.ndarray]] = {}  # the other local ranks' (nodeplan), by rank
+        self._peer_pos: dict[int, int] = {}  # where they stood when last read from the board
+        self._board: PositionBoard | None = None
+        self._boarded = False  # a board was made (peers that never wrote one since are not of this cache)
         self._began = 0.0  # time.time() when the epoch the cache serves began (its plan was made)
         self._cond = threading.Condition(self._mutex)
         self._queue: list[int] = []
@@ -537,11 +545,12 @@ class RemoteShards:
         return total
 
     def _next_use(self, k: int) -> float:
-        uses = self._uses.get(k)
-        if uses is None:
-            return math.inf
-        j = int(np.searchsorted(uses, self._pos))
-        return float(uses[j]) if j < len(uses) else math.inf
+        """Shard ``k``'s next use on the node: by this rank from its position, or by another local rank
+        from the position it last wrote on the board (:mod:`fastload.remote.nodeplan`)."""
+        nxt = next_use(self._uses, k, self._pos)
+        for r, uses in self._peer_uses.items():
+            nxt = min(nxt, next_use(uses, k, self._peer_pos.get(r, self._pos)))
+        return nxt
 
     def _candidates(self) -> list[tuple[float, float, Path, Path]]:
         """Cached shards of every dataset of the node: ``(next use here, -mtime, file, lock)``."""
@@ -570,8 +579,9 @@ class RemoteShards:
 
     def _make_room(self, k: int, size: int, part: Path, *, urgent: bool) -> bool:
         """Delete unpinned shards until ``size`` more bytes fit in the limit, then reserve them (``part``
-        made at its full size). A prefetch (not ``urgent``) deletes only shards whose last use this
-        epoch is past (or of another dataset), and shards not downloaded since the epoch began that it
+        made at its full size). Uses are the node's: every local rank's, from where each stands
+        (:mod:`fastload.remote.nodeplan`). A prefetch (not ``urgent``) deletes only shards whose last
+        use this epoch is past (or of another dataset), and shards not downloaded since the epoch began that it
         needs later than ``k``, and gives up if that is not enough: a shard downloaded this epoch and
         still needed is never traded for one needed later, so none is downloaded twice in an epoch
         whose working set fits. A batch waiting for ``k`` deletes those first, then the shards needed
@@ -582,6 +592,9 @@ class RemoteShards:
             for root in self.cache.glob("*/*/"):  # downloads left unfinished by killed readers, any dataset
                 reclaim_parts(root)
             if self.limit is not None:
+                board = self._board
+                if board is not None:  # where the node's other ranks stand now
+                    self._peer_pos = board.positions(self._pos)
                 used = self.usage()
                 mine = self._next_use(k)
                 for nxt, m, p, lockp in self._candidates() if used + size > self.limit else []:
@@ -612,45 +625,63 @@ class RemoteShards:
 
     # ------------------------------------------------------------------ following the epoch
     def follow(self, batches: list, firsts: list[int], ahead: Callable[[Iterable], Iterator],
-               release: Callable[[int], None], *, hold: int = HOLD_BATCHES) -> Iterator:  # fmt: skip
+               release: Callable[[int], None], *, hold: int = HOLD_BATCHES,
+               peers: Callable[[int], Iterable] | None = None, rank: int = 0, world_size: int = 1) -> Iterator:  # fmt: skip
         """Yield ``ahead(batches)`` unchanged while downloading the shards they need in order of first
         use, and closing (through ``release(k)``) shards a reader has open that the next ``hold``
-        batches do not need. ``batches`` are the rest of the epoch."""
+        batches do not need. ``batches`` are the rest of the epoch.
+
+        ``peers(r)``: the same stretch of the epoch as rank ``r`` of ``world_size`` reads it (this one
+        is ``rank``). Given, and with whole shards under a limit, the evictions follow the uses of every
+        rank of the node (:func:`~fastload.remote.nodeplan.local_ranks`), not only this one's."""
         hold = max(HOLD_BATCHES, int(hold))
-        self._plan(batches, firsts)
+        others: dict[int, list] = {}
+        if peers is not None and self.limit is not None and self.fetch == "shards":
+            others = {r: list(peers(r)) for r in local_ranks(rank, world_size) if r != rank}
+        self._plan(batches, firsts, others, rank=rank)
+        board = self._board
         try:
             for pos, b in enumerate(ahead(batches)):
                 with self._cond:
                     self._pos = pos
                     self._cond.notify_all()
+                if board is not None:
+                    board.publish(pos)
                 for k in self.pinned():
-                    if self._next_use(k) > pos + hold:
+                    if next_use(self._uses, k, pos) > pos + hold:  # this rank's own uses: its open files
                         release(k)
                 yield b
         finally:
+            if board is not None:  # past its end: this rank needs nothing more of the plan
+                board.publish(len(batches))
             with self._cond:  # the epoch is over (or abandoned): its downloads ahead are not wanted
                 self._queue = []
                 self._cond.notify_all()
 
-    def _plan(self, batches: list, firsts: list[int]) -> None:
-        """Make ``batches`` the epoch the cache serves: each shard's uses (for eviction) and, with whole
-        shards, the download queue in order of first use, its threads started."""
-        shard_of = np.asarray(firsts, dtype=np.int64)
-        uses: dict[int, list[int]] = collections.defaultdict(list)
-        order: list[int] = []
-        for pos, b in enumerate(batches):
-            idx = np.asarray(getattr(b, "indices", b), dtype=np.int64).ravel()
-            for k in np.unique(np.searchsorted(shard_of, idx, side="right") - 1).tolist():
-                if not uses[k]:
-                    order.append(k)
-                uses[k].append(pos)
+    def _plan(self, batches: list, firsts: list[int], peers: dict[int, list] | None = None, *, rank: int = 0) -> None:
+        """Make ``batches`` the epoch the cache serves: each shard's uses (for eviction; with ``peers``,
+        the other local ranks' batches, theirs too, and a position board) and, with whole shards, the
+        download queue in order of first use on the node, its threads started."""
+        uses, order = shard_uses(batches, firsts)
+        peer_uses = {r: shard_uses(b, firsts)[0] for r, b in (peers or {}).items()}
+        board = None
+        if peer_uses and self.root is not None:
+            node = {rank: uses, **peer_uses}
+            order = first_use_order(node)
+            board = PositionBoard(self.root / ".node", plan_id(node), rank, peer_uses, first=not self._boarded)
+            self._boarded = True
+            board.publish(0)
         with self._cond:
-            self._uses = {k: np.asarray(v, dtype=np.int64) for k, v in uses.items()}
+            old, self._board = self._board, board
+            self._uses, self._peer_uses = uses, peer_uses
+            self._peer_pos = {r: 0 for r in peer_uses}  # until the board is read: not begun yet
             self._pos = 0
             self._began = time.time() - 1.0  # shards whose files are older were downloaded before this epoch
             self._queue = order if self.fetch == "shards" else []  # records: the read-ahead asks for them
             self._ahead_stopped = False
             self._cond.notify_all()
+        if old is not None:
+            old.close()
         if self.fetch == "shards":
             self._start_workers()
 
@@ -710,10 +741,14 @@ class RemoteShards:
                 k = self._queue.pop(0)
             fl = None
             try:  # whatever fails here (a lock file that cannot be made) the reader that needs shard k reports
-                if k in self._pins or k in self._bad or self._present(k):
-                    continue
+                if k in self._pins or k in self._bad or self._present(k) or self._next_use(k) == math.inf:
+                    continue  # cached, failed, or already read by every rank of the node (a retry come too late)
                 fl = _Flock(self._paths(k)[1])
-                if not fl.try_lock(fcntl.LOCK_EX):  # being downloaded by another rank, or in use
+                if not fl.try_lock(fcntl.LOCK_EX):  # another thread or rank downloads it, or tries to make room for it
+                    with self._cond:  # kept, one place back: dropped, it would be missing if that rank found no room
+                        self._queue.insert(min(1, len(self._queue)), k)
+                        if len(self._queue) == 1:  # nothing else to do meanwhile
+                            self._cond.wait(0.05)
                     continue
                 if not self._present(k) and not self._download(k, urgent=False):
                     fl.close()  # unlocked before waiting: a thread that pops k meanwhile must not find it taken and drop it
@@ -750,6 +785,9 @@ class RemoteShards:
             self._stop = True
             self._cond.notify_all()
         self.stop_ahead()
+        board, self._board = self._board, None
+        if board is not None:
+            board.close()
         for k in sorted(set(self.pinned()) | set(self._fillers)):
             self.release(k)
         pool, self._range_pool = self._range_pool, None
