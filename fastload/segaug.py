@@ -202,6 +202,10 @@ def _pad_if_smaller(x: Any, size: int, fill: int) -> Any:
 def _crop(t: Any, image: Any, target: Any, where: Any) -> tuple[Any, Any]:
     from torchvision.transforms import functional as F1
 
+    from PIL import Image
+
+    if not isinstance(image, Image.Image):  # the reference's pad_if_smaller reads min(img.size): PIL images only
+        raise TypeError(f"the segmentation reference's RandomCrop pads PIL images only (its pad_if_smaller reads img.size), got {type(image).__name__}")
     size = int(t.size)
     image, target = _pad_if_smaller(image, size, 0), _pad_if_smaller(target, size, 255)
     top, left = where

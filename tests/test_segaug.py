@@ -440,3 +440,12 @@ def test_reference_classes_as_an_image_transform_are_refused(voc):
     ds = VOCSegmentation(str(voc), year="2012", image_set="train", transform=sref.RandomHorizontalFlip(0.5))
     with pytest.raises(ConfigError, match=r"take \(image, target\)"):
         load(ds, voc)
+
+
+def test_the_references_crop_of_a_tensor_fails_as_it_does(voc):
+    """The reference's ``pad_if_smaller`` reads ``img.size`` (a PIL image's): on a tensor both fail."""
+    image, mask = voc_ds(voc, sref.PILToTensor())[0]
+    with pytest.raises(TypeError):
+        sref.RandomCrop(48)(image, mask)
+    with pytest.raises(TypeError, match="PIL images only"):
+        one(sref.RandomCrop(48))(image, mask, seed=0, epoch=0, position=0)
