@@ -83,6 +83,21 @@ class PILToTensor:
         return F.pil_to_tensor(image), torch.as_tensor(np.array(target), dtype=torch.int64)
 
 
+class ToTensor:
+    """The older reference's conversion: a 0..1 float image, the mask as int64."""
+
+    def __call__(self, image, target):
+        return F.to_tensor(image), torch.as_tensor(np.asarray(target), dtype=torch.int64)
+
+
+class ConvertImageDtype:
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def __call__(self, image, target):
+        return F.convert_image_dtype(image, self.dtype), torch.as_tensor(target, dtype=torch.int64)
+
+
 class ToDtype:
     def __init__(self, dtype, scale=False):
         self.dtype, self.scale = dtype, scale

@@ -243,6 +243,11 @@ def test_conversions_make_the_mask_int64_as_the_reference():
     assert same(got, sref.Compose(steps)(image, mask))
     assert got[1].dtype == torch.int64 and torch.equal(got[1], torch.from_numpy(np.asarray(mask)).long())
     assert torch.allclose(got[0][0, 0, 5], torch.tensor((5 / 255 - 0.4) / 0.2))  # column 5 of the red channel, normalised
+    for steps in ([sref.ToTensor()], [sref.PILToTensor(), sref.ConvertImageDtype(torch.float)]):  # the older reference's forms
+        got = one(sref.Compose(steps))(image, mask, seed=0, epoch=0, position=0)
+        assert [s.kind for s in one(sref.Compose(steps)).steps] == [{"ToTensor": "seg_totensor", "PILToTensor": "seg_piltotensor",
+                                                                      "ConvertImageDtype": "seg_convertdtype"}[type(x).__name__] for x in steps]
+        assert same(got, sref.Compose(steps)(image, mask)) and got[1].dtype == torch.int64 and got[0].dtype == torch.float32
 
 
 V2_STEPS = {
@@ -370,6 +375,16 @@ def test_get_coco_v1_is_served_exactly(coco):
     for k, item in enumerate(got):
         assert same(item, ds[k]), k
     assert 255 in got[0][1].unique().tolist() and set(got[0][1].unique().tolist()) <= {0, 1, 2, 255}  # image 1: the overlap
+
+
+def test_get_coco_v1_with_the_train_preset_is_seeded(coco):
+    root, img, ann = coco
+    steps = [sref.FilterAndRemapCocoCategories([0, 3, 7]), sref.ConvertCocoPolysToMask(), sref.SegmentationPresetTrain(base_size=60, crop_size=64)]
+    ds = torch.utils.data.Subset(CocoDetection(img, ann, transforms=sref.Compose(steps)), WITH_ANNOTATIONS)
+    runs = [list(load(ds, root, seed=5, num_threads=n)) for n in (1, 2)]
+    assert same(runs[0], runs[1]) and not same(runs[0], list(load(ds, root, seed=6)))
+    items = flat_items(runs[0])
+    assert all(im.shape == (3, 64, 64) and m.shape == (64, 64) and set(m.unique().tolist()) <= {0, 1, 2, 255} for im, m in items)
 
 
 def test_get_coco_v2_is_served_exactly(coco):
