@@ -1,7 +1,8 @@
 """torchvision's CocoDetection, VOCSegmentation and VOCDetection (plain, under Subset, v2-wrapped) packed once with their annotations and their items rebuilt as their ``__getitem__`` builds them.
 
 :func:`annotated_plan` recognises such a dataset (or says it is not one), :func:`check_transforms`
-reads its transforms (the detection references' random steps translated by :mod:`fastload.detaug`,
+reads its transforms (the detection and segmentation references' random steps translated by
+:mod:`fastload.detaug` and :mod:`fastload.segaug`,
 anything else refused by name with a route that works), and
 :meth:`AnnotatedPlan.open` packs the images (the pixels of ``Image.open(f).convert("RGB")``, as
 the datasets load them) with each image's annotation into a cache entry, once. Each item is then
@@ -184,8 +185,8 @@ def _plain_route(kind: str) -> str:
 
 def check_transforms(plan: AnnotatedPlan) -> Any:
     """Read the dataset's transforms into a :class:`fastload.detaug.Program` (None: no transforms), kept as
-    ``plan.program``: deterministic conversions run as they are, the detection references' random steps
-    translated (:mod:`fastload.detaug`); any other step refused, by name.
+    ``plan.program``: deterministic conversions run as they are, the detection and segmentation references'
+    random steps translated (:mod:`fastload.detaug`, :mod:`fastload.segaug`); any other step refused, by name.
 
     Raises:
         ConfigError: the step, its place, and :data:`ROUTE`.

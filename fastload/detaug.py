@@ -15,6 +15,9 @@ reference, in either form) is read into a :class:`Program`: each step is one of
   ``RandomShortestSize``, ``PILToTensor``, ``ToDtype``, ``ConvertImageDtype``): its draws
   follow its ``forward``'s law and its ``forward`` is replayed with those values, call by call
   (``torchvision.transforms.functional`` on the image, the same tensor operations on the target).
+* a class of the segmentation reference (``SegmentationPresetTrain``/``Eval``, its
+  ``transforms.py``, ``v2_extras.py`` and ``coco_utils.py``) or torchvision v2's ``RandomResize`` /
+  ``RandomCrop``: read, drawn and applied by :mod:`fastload.segaug`.
 
 Every draw of step ``k`` of item ``position`` in ``epoch`` is a pure function of
 ``(seed, epoch, position, k)`` (:func:`fastload.augment.uniforms`; ``RandomIoUCrop``'s window
@@ -39,11 +42,12 @@ __all__ = ["DRAWS", "Program", "Step", "V1_CLASSES", "V2_RANDOM", "V2_RUN", "dra
 #: torchvision v2 classes run as they are (deterministic), by name.
 V2_RUN = frozenset({
     "ToImage", "ToDtype", "PILToTensor", "ToPureTensor", "ConvertImageDtype", "ToTensor", "Identity",
-    "SanitizeBoundingBoxes", "ConvertBoundingBoxFormat", "ClampBoundingBoxes",
+    "SanitizeBoundingBoxes", "ConvertBoundingBoxFormat", "ClampBoundingBoxes", "Normalize", "Resize", "CenterCrop",
 })  # fmt: skip
 #: torchvision v2 random classes translated, by name: the step's kind.
 V2_RANDOM = {"RandomHorizontalFlip": "flip", "RandomPhotometricDistort": "photometric", "RandomZoomOut": "zoomout",
-             "RandomIoUCrop": "ioucrop", "ScaleJitter": "scalejitter", "RandomShortestSize": "shortest"}  # fmt: skip
+             "RandomIoUCrop": "ioucrop", "ScaleJitter": "scalejitter", "RandomShortestSize": "shortest",
+             "RandomResize": "resize", "RandomCrop": "crop"}  # fmt: skip
 #: The references' own classes (``references/detection/transforms.py``), by name: the attributes each carries.
 V1_CLASSES = {
     "RandomHorizontalFlip": ("p",),
@@ -67,7 +71,9 @@ DRAWS = {"flip": 1, "photometric": 15, "zoomout": 4, "scalejitter": 1, "fixedsiz
 STEP_SALT = 0x4F1BBCDCBFA53E0B
 #: The steps translated, as a refusal lists them.
 TRANSLATED = ("RandomHorizontalFlip, RandomPhotometricDistort, RandomZoomOut, RandomIoUCrop, ScaleJitter, RandomShortestSize "
-              "(torchvision v2 and the detection references' own), FixedSizeCrop (the references')")  # fmt: skip
+              "(torchvision v2 and the detection references' own), FixedSizeCrop (the references'), RandomResize, RandomCrop "
+              "(torchvision v2 and the segmentation reference's own), the segmentation reference's CenterCrop, Normalize, "
+              "PadIfSmaller, CocoDetectionToVOCSegmentation, FilterAndRemapCocoCategories, ConvertCocoPolysToMask")  # fmt: skip
 
 
 def step_seed(seed: int, k: int) -> int:
@@ -77,7 +83,7 @@ def step_seed(seed: int, k: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """One step: ``how`` is ``"run"`` (the object, as it is), ``"v2"`` or ``"v1"``; ``kind`` what it does."""
+    """One step: ``how`` is ``"run"`` (the object, as it is), ``"v2"``, ``"v1"`` or ``"seg"`` (:mod:`fastload.segaug`); ``kind`` what it does."""
 
     obj: Any
     how: str
@@ -108,7 +114,8 @@ def _opened(t: Any, joint: bool, depth: int = 0) -> list[Any]:
         v1 = mod.startswith("torchvision.transforms") and not mod.startswith("torchvision.transforms.v2")
         if mod.startswith("torchvision.transforms.v2") or (v1 and not joint) or (joint and not _is_tv(t)):
             return [s for x in t.transforms for s in _opened(x, joint, depth + 1)]
-    if joint and name in ("DetectionPresetTrain", "DetectionPresetEval") and not _is_tv(t) and callable(getattr(t, "transforms", None)):
+    presets = ("DetectionPresetTrain", "DetectionPresetEval", "SegmentationPresetTrain", "SegmentationPresetEval")
+    if joint and name in presets and not _is_tv(t) and callable(getattr(t, "transforms", None)):
         return _opened(t.transforms, joint, depth + 1)
     return [t]
 
@@ -139,7 +146,12 @@ def _step(t: Any, joint: bool) -> Step | str:
     """The :class:`Step` ``t`` is, or why it is not one."""
     import torch
 
+    from .segaug import seg_step
+
     name = type(t).__name__
+    seg = seg_step(t, joint)
+    if seg is not None:  # the segmentation reference's (by name and attributes), or why it cannot be read as one
+        return seg
     if _is_tv(t):
         v2 = _v2_module()
         if getattr(v2, name, None) is type(t):
@@ -180,7 +192,7 @@ def program(t: Any, *, joint: bool, where: str, kind: str, route: str) -> "Progr
             raise ConfigError(
                 f"{where}: step {k + 1} of {len(steps)}, {shown(s)}, is not run by FastLoader on a {kind} ({got}; it runs the "
                 f"deterministic conversions ToImage, ToDtype, PILToTensor, ToTensor, ConvertImageDtype, ToPureTensor, "
-                f"ConvertBoundingBoxFormat, SanitizeBoundingBoxes as they are and translates {TRANSLATED}); {route}"
+                f"ConvertBoundingBoxFormat, SanitizeBoundingBoxes, Normalize, Resize, CenterCrop as they are and translates {TRANSLATED}); {route}"
             )
         out.append(got)
     return Program(out, joint)
@@ -296,6 +308,10 @@ def v2_params(step: Step, flat: list[Any], needs: list[bool], *, seed: int, epoc
     kind = step.kind
     chosen = [x for x, n in zip(flat, needs) if n]
     image = next((x for x in chosen if not _is_box_or_mask(x)), chosen[0] if chosen else None)
+    if kind in ("resize", "crop"):
+        from .segaug import v2_params as seg_params
+
+        return seg_params(step, image if image is not None else flat[0], seed=seed, epoch=epoch, position=position)
     got = draw(step, image, None, seed=seed, epoch=epoch, position=position, flat=flat)
     if kind in ("flip", "zoomout"):
         return None if got is None else ({} if kind == "flip" else {"padding": got})
@@ -509,6 +525,10 @@ class Program:
         """Step ``s`` (the ``k``-th) on one item, its draws from ``seed`` (the step's own)."""
         if s.how == "run":
             return s.obj(image, target) if self.joint else (s.obj(image), target)
+        if s.how == "seg":
+            from .segaug import apply
+
+            return apply(s, image, target, seed=seed, epoch=epoch, position=position)
         if s.how == "v2":
             if not self.joint:
                 return _v2_apply(s, image, seed=seed, epoch=epoch, position=position), target
