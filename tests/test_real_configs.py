@@ -155,3 +155,136 @@ def test_deit_with_its_timm_0_4_12(tmp_path):
     assert got["val_count"] == ref["val_count"] == 21
     for r in (ref, got):
         assert r["loss"][-1] < r["loss"][0] and r["val_acc"] >= 2 / 3
+
+
+# ============================================================================ CIFAR-10
+
+
+@pytest.fixture
+def cifar10(tmp_path, monkeypatch) -> Path:
+    """CIFAR-10 files of 5 x 30 training and 150 test images, torchvision's class told their MD5s."""
+    for k, v in write_cifar(tmp_path / "data", n_batch=30, n_test=150).items():
+        monkeypatch.setattr(datasets.CIFAR10, k, v)
+    return tmp_path / "data"
+
+
+def test_kuangliu_pytorch_cifar(cifar10, tmp_path):
+    """kuangliu/pytorch-cifar main.py: RandomCrop(32, padding=4), flip, its own Normalize; batches of 128 shuffled
+    and of 100 in order. The test batches are the DataLoader's; the training batches hold every image once per
+    epoch, within the normalised range, with the zero padding's share the crop's law gives."""
+    mean, std = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)  # main.py's values
+    transform_train = transforms.Compose([transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip(),
+                                          transforms.ToTensor(), transforms.Normalize(mean, std)])  # fmt: skip
+    transform_test = transforms.Compose([transforms.ToTensor(), transforms.Normalize(mean, std)])
+    trainset = datasets.CIFAR10(root=cifar10, train=True, download=True, transform=transform_train)
+    testset = datasets.CIFAR10(root=cifar10, train=False, download=True, transform=transform_test)
+    torch.manual_seed(0)
+    loaders = {
+        "torch": (torch.utils.data.DataLoader(trainset, batch_size=128, shuffle=True, num_workers=0),
+                  torch.utils.data.DataLoader(testset, batch_size=100, shuffle=False, num_workers=0)),
+        "fastload": (fastload.FastLoader(trainset, batch_size=128, shuffle=True, num_workers=2, **fast_extra(tmp_path)),
+                     fastload.FastLoader(testset, batch_size=100, shuffle=False, num_workers=2, **fast_extra(tmp_path))),
+    }  # fmt: skip
+    lo, hi = pixel_range(mean, std)
+    # the crop's law: offsets uniform in 0..8 per axis, so a window keeps (32 - |d - 4|) rows of 32 on average
+    keep = np.mean([32 - abs(d - 4) for d in range(9)]) / 32
+    padded_share = 1 - keep**2
+    for which, (train, test) in loaders.items():
+        for _ in range(2):
+            batches = list(train)
+            assert [tuple(x.shape) for x, _ in batches] == [(128, 3, 32, 32), (22, 3, 32, 32)], which
+            assert {x.dtype for x, _ in batches} == {torch.float32}
+            labels = torch.cat([y for _, y in batches])
+            assert Counter(labels.tolist()) == Counter(trainset.targets), which
+            images = torch.cat([x for x, _ in batches])
+            assert bool((images >= lo - 1e-5).all() and (images <= hi + 1e-5).all()), which
+            padded = (images - lo).abs().amax(1) < 1e-5  # all three channels at the fill (0)
+            assert abs(float(padded.float().mean()) - padded_share) < 0.03, (which, float(padded.float().mean()), padded_share)
+    got, want = list(loaders["fastload"][1]), list(loaders["torch"][1])
+    assert [len(y) for _, y in got] == [len(y) for _, y in want] == [100, 50]
+    for (a, la), (b, lb) in zip(got, want):
+        assert torch.equal(la, lb) and a.dtype == b.dtype and (a - b).abs().max().item() <= 1e-6
+    for train, test in (loaders["fastload"],):
+        train.close()
+        test.close()
+
+
+# ============================================================================ MoCo v3, DINO
+
+
+@pytest.fixture(scope="module")
+def ssl_folder(tmp_path_factory) -> Path:
+    """3 classes x 6 smooth gradients, four sizes."""
+    return gradient_folder(tmp_path_factory.mktemp("ssl"), {"train": 6}) / "train"
+
+
+def views_and_labels(batches) -> tuple[list[list[tuple[int, ...]]], list[int]]:
+    """Each batch's views' shapes (``[views, labels]`` batches, every view float32 and in the normalised range)."""
+    lo, hi = pixel_range(IMAGENET_MEAN, IMAGENET_STD)
+    shapes, labels = [], []
+    for views, y in batches:
+        assert isinstance(views, list) and isinstance(y, torch.Tensor)
+        for v in views:
+            assert v.dtype == torch.float32
+            assert bool((v >= lo - 1e-4).all() and (v <= hi + 1e-4).all())
+        assert not torch.equal(views[0], views[1])  # two crops of one image differ
+        shapes.append([tuple(v.shape) for v in views])
+        labels += y.tolist()
+    return shapes, labels
+
+
+def test_moco_v3_main_moco(ssl_folder, tmp_path):
+    """facebookresearch/moco-v3 main_moco.py (one process): augmentation1/2 at 224 with crop_min 0.08, moco/loader.py's
+    TwoCropsTransform, GaussianBlur and Solarize (as that file writes them: test_multiview.py), and its loader call
+    with shuffle=(train_sampler is None), drop_last=True: two views a batch, every image once per epoch but the
+    dropped remainder, as the DataLoader gives them."""
+    from test_multiview import GaussianBlur, MocoV3TwoCropsTransform as TwoCropsTransform, Solarize
+
+    normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+    augmentation1 = [transforms.RandomResizedCrop(224, scale=(0.08, 1.)),
+                     transforms.RandomApply([transforms.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
+                     transforms.RandomGrayscale(p=0.2), transforms.RandomApply([GaussianBlur([.1, 2.])], p=1.0),
+                     transforms.RandomHorizontalFlip(), transforms.ToTensor(), normalize]  # fmt: skip
+    augmentation2 = [transforms.RandomResizedCrop(224, scale=(0.08, 1.)),
+                     transforms.RandomApply([transforms.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
+                     transforms.RandomGrayscale(p=0.2), transforms.RandomApply([GaussianBlur([.1, 2.])], p=0.1),
+                     transforms.RandomApply([Solarize()], p=0.2), transforms.RandomHorizontalFlip(),
+                     transforms.ToTensor(), normalize]  # fmt: skip
+    train_dataset = datasets.ImageFolder(ssl_folder, TwoCropsTransform(transforms.Compose(augmentation1), transforms.Compose(augmentation2)))
+    train_sampler = None
+    seen = {}
+    for which in ("torch", "fastload"):
+        Loader, extra = (fastload.FastLoader, fast_extra(tmp_path)) if which == "fastload" else (torch.utils.data.DataLoader, {})
+        train_loader = Loader(train_dataset, batch_size=8, shuffle=(train_sampler is None), num_workers=0,
+                              pin_memory=True, sampler=train_sampler, drop_last=True, **extra)  # fmt: skip
+        seen[which] = views_and_labels(list(train_loader))
+    (fs, fl), (ts, tl) = seen["fastload"], seen["torch"]
+    assert fs == ts == [[(8, 3, 224, 224)] * 2] * 2  # 18 images: two batches of 8, 2 dropped
+    counts = Counter(train_dataset.targets)
+    for labels in (fl, tl):
+        assert len(labels) == 16 and all(Counter(labels)[c] <= counts[c] for c in counts)
+
+
+@pytest.mark.slow
+def test_dino_main_dino(ssl_folder, tmp_path):
+    """facebookresearch/dino main_dino.py (one process): DataAugmentationDINO's defaults (global scale (0.4, 1),
+    local (0.05, 0.4), 8 local crops; the class as main_dino.py writes it: test_multiview.py), its
+    DistributedSampler(shuffle=True) as one rank of one, batch_size_per_gpu, drop_last=True, and
+    data_loader.sampler.set_epoch(epoch): 2 + 8 views a batch, labels the DataLoader's at every position."""
+    from test_multiview import DataAugmentationDINO
+
+    transform = DataAugmentationDINO((0.4, 1.), (0.05, 0.4), 8)
+    dataset = datasets.ImageFolder(ssl_folder, transform=transform)
+    seen = {}
+    for which in ("torch", "fastload"):
+        Loader, extra = (fastload.FastLoader, fast_extra(tmp_path)) if which == "fastload" else (torch.utils.data.DataLoader, {})
+        sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True)
+        data_loader = Loader(dataset, sampler=sampler, batch_size=5, num_workers=0, pin_memory=True, drop_last=True, **extra)
+        seen[which] = []
+        for epoch in range(2):
+            data_loader.sampler.set_epoch(epoch)
+            seen[which].append(views_and_labels(list(data_loader)))
+    for (fs, fl), (ts, tl) in zip(seen["fastload"], seen["torch"]):
+        assert fs == ts == [[(5, 3, 224, 224)] * 2 + [(5, 3, 96, 96)] * 8] * 3
+        assert fl == tl
+    assert seen["torch"][0][1] != seen["torch"][1][1]  # set_epoch reorders
