@@ -16,6 +16,7 @@ docs/dropin.md, "Real scripts, configuration by configuration", is the table of 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from fastload.errors import ConfigError  # noqa: E402
 from array_files import write_cifar  # noqa: E402
 from timm_install import install_timm  # noqa: E402
 
+log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 PROBE = HERE / "real_configs_probe.py"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -288,3 +290,319 @@ def test_dino_main_dino(ssl_folder, tmp_path):
         assert fs == ts == [[(5, 3, 224, 224)] * 2 + [(5, 3, 96, 96)] * 8] * 3
         assert fl == tl
     assert seen["torch"][0][1] != seen["torch"][1][1]  # set_epoch reorders
+
+
+# ============================================================================ detection and segmentation references
+# Built as torchvision's references/detection/train.py (get_dataset, get_transform; coco_utils.get_coco;
+# presets.DetectionPresetTrain/Eval with --use-v2, backend pil) and references/segmentation/train.py build
+# them. The references' own helpers are written here in a few lines each (a preset keeps its steps in
+# .transforms and is called on (image, target); the images-without-annotations filter; collate_fn).
+
+
+class Preset:
+    """The references' preset classes: the steps in ``.transforms``, called on ``(image, target)``."""
+
+    def __init__(self, steps: list) -> None:
+        from torchvision.transforms import v2
+
+        self.transforms = v2.Compose(steps)
+
+    def __call__(self, img, target):
+        return self.transforms(img, target)
+
+
+class DetectionPresetTrain(Preset):
+    """references/detection/presets.py's training preset (named as the reference names it)."""
+
+
+class DetectionPresetEval(Preset):
+    """references/detection/presets.py's evaluation preset."""
+
+
+class SegmentationPresetTrain(Preset):
+    """references/segmentation/presets.py's training preset."""
+
+
+def detection_preset(augmentation: str | None) -> Preset:
+    """presets.py with use_v2=True, backend "pil": ``None`` is DetectionPresetEval; ``hflip`` (the default, Faster
+    R-CNN) and ``ssdlite`` are DetectionPresetTrain's data augmentations."""
+    from torchvision import tv_tensors
+    from torchvision.transforms import v2 as T
+
+    if augmentation is None:
+        return DetectionPresetEval([T.ToImage(), T.ToDtype(torch.float, scale=True), T.ToPureTensor()])
+    steps = {"hflip": [T.RandomHorizontalFlip(p=0.5)], "ssdlite": [T.RandomIoUCrop(), T.RandomHorizontalFlip(p=0.5)]}[augmentation]
+    return DetectionPresetTrain([*steps, T.ToImage(), T.ToDtype(torch.float, scale=True),
+                   T.ConvertBoundingBoxFormat(tv_tensors.BoundingBoxFormat.XYXY), T.SanitizeBoundingBoxes(), T.ToPureTensor()])  # fmt: skip
+
+
+def detection_collate(batch):
+    """references/detection/utils.py's collate_fn."""
+    return tuple(zip(*batch))
+
+
+def coco_train_subset(dataset, base, keep) -> torch.utils.data.Subset:
+    """coco_utils' ``_coco_remove_images_without_annotations``: the images whose annotations pass ``keep``."""
+    ids = [i for i, img_id in enumerate(base.ids) if keep(base.coco.loadAnns(base.coco.getAnnIds(imgIds=img_id)))]
+    return torch.utils.data.Subset(dataset, ids)
+
+
+def has_a_box(anns) -> bool:
+    """detection: some annotation with a box wider and taller than one pixel."""
+    return any(a["bbox"][2] > 1 and a["bbox"][3] > 1 for a in anns)
+
+
+@pytest.fixture(scope="module")
+def coco(tmp_path_factory):
+    pytest.importorskip("pycocotools")
+    from coco_fixture import write_coco
+
+    root = tmp_path_factory.mktemp("coco")
+    img, ann, _ = write_coco(root)
+    return root, str(img), str(ann)
+
+
+def swap_or_route(dataset, plain, transforms_, make_kw, cache: Path) -> tuple[str, list]:
+    """``FastLoader(dataset, **make_kw())`` as the script calls it. Refused: the message names the route and no
+    address, and the route is followed (``plain``, the dataset built without ``transforms_``, with
+    ``collate_fn=fastload.TransformsCollate(transforms_, collate_fn)``). Returns what happened and the batches."""
+    kw = make_kw()
+    try:
+        loader = fastload.FastLoader(dataset, cache_dir=cache, progress=False, **kw)
+        status = "served"
+        log.info("served")
+    except ConfigError as e:
+        msg = str(e)
+        assert "TransformsCollate" in msg and " at 0x" not in msg, msg
+        kw["collate_fn"] = fastload.TransformsCollate(transforms_, kw["collate_fn"])
+        loader = fastload.FastLoader(plain, cache_dir=cache, progress=False, **kw)
+        status = "refused"
+        log.info("refused, the route followed: %s", msg)
+    return status, list(loader)
+
+
+def dataloader_batches(dataset, make_kw) -> list:
+    return list(torch.utils.data.DataLoader(dataset, **make_kw()))
+
+
+def detection_datasets(coco, augmentation: str | None, train: bool):
+    """get_coco(..., use_v2=True): CocoDetection with the preset, v2-wrapped with boxes, labels and image_id; the
+    training set without images lacking annotations. Also the same dataset built without its transforms."""
+    from torchvision.datasets import CocoDetection, wrap_dataset_for_transforms_v2
+
+    _, img, ann = coco
+    preset = detection_preset(augmentation)
+    built = []
+    for transforms_ in (preset, None):
+        base = CocoDetection(img, ann, transforms=transforms_)
+        ds = wrap_dataset_for_transforms_v2(base, target_keys=["boxes", "labels", "image_id"])
+        built.append(coco_train_subset(ds, base, has_a_box) if train else ds)
+    return built[0], built[1], preset
+
+
+def train_kw(seed: int, dataset, batch_size: int, collate_fn):
+    """train.py with ``--aspect-ratio-group-factor -1``: BatchSampler(RandomSampler(dataset), drop_last=True)
+    (the sampler given a seeded generator, so that both loaders read one order)."""
+    def make():
+        sampler = torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
+        return {"batch_sampler": torch.utils.data.BatchSampler(sampler, batch_size, drop_last=True), "num_workers": 4,
+                "collate_fn": collate_fn}  # fmt: skip
+    return make
+
+
+def test_detection_reference_faster_rcnn_use_v2(coco, tmp_path):
+    """Faster R-CNN's default ``--data-augmentation hflip --use-v2``: each item the DataLoader's image and boxes, or
+    their horizontal mirror (both together), with its image_id and labels at every position."""
+    dataset, plain, preset = detection_datasets(coco, "hflip", train=True)
+    make = train_kw(5, dataset, 2, detection_collate)
+    status, got = swap_or_route(dataset, plain, preset, make, tmp_path / "cache")
+    want = dataloader_batches(dataset, make)
+    assert status in ("refused", "served") and len(got) == len(want) == 2  # 5 images with boxes, batches of 2
+    for (gi, gt), (wi, wt) in zip(got, want, strict=True):
+        for a, ta, b, tb in zip(gi, gt, wi, wt, strict=True):
+            assert ta["image_id"] == tb["image_id"] and torch.equal(ta["labels"], tb["labels"])
+            assert a.dtype == b.dtype == torch.float32 and a.shape == b.shape
+            w = b.shape[-1]
+            mirrored = torch.stack([w - tb["boxes"][:, 2], tb["boxes"][:, 1], w - tb["boxes"][:, 0], tb["boxes"][:, 3]], 1)
+            if (a - b).abs().max() <= 2 / 255:
+                assert torch.allclose(ta["boxes"], tb["boxes"], atol=1e-4)
+            else:
+                assert (a - b.flip(-1)).abs().max() <= 2 / 255
+                assert torch.allclose(ta["boxes"], mirrored, atol=1e-4)
+
+
+def test_detection_reference_ssdlite_use_v2(coco, tmp_path):
+    """SSDlite's ``--data-augmentation ssdlite --use-v2`` (RandomIoUCrop, flip): at every position the DataLoader's
+    image_id, a window of that image with boxes inside it, labels among that image's."""
+    dataset, plain, preset = detection_datasets(coco, "ssdlite", train=True)
+    make = train_kw(7, dataset, 2, detection_collate)
+    status, got = swap_or_route(dataset, plain, preset, make, tmp_path / "cache")
+    want = dataloader_batches(dataset, make)
+    assert status in ("refused", "served") and len(got) == len(want) == 2
+    whole = {t["image_id"]: t for _, t in (plain[i] for i in range(len(plain)))}
+    for (gi, gt), (wi, wt) in zip(got, want, strict=True):
+        for a, ta, tb in zip(gi, gt, wt, strict=True):
+            assert ta["image_id"] == tb["image_id"]
+            full = whole[ta["image_id"]]
+            h, w = full["boxes"].canvas_size
+            assert a.dtype == torch.float32 and a.shape[0] == 3 and a.shape[1] <= h and a.shape[2] <= w
+            boxes = ta["boxes"]
+            assert bool((boxes[:, 0::2] >= 0).all() and (boxes[:, 0::2] <= a.shape[2]).all() and (boxes[:, 1::2] <= a.shape[1]).all())
+            assert set(ta["labels"].tolist()) <= set(full["labels"].tolist())
+
+
+def test_detection_reference_evaluation_use_v2(coco, tmp_path):
+    """DetectionPresetEval with --use-v2, a SequentialSampler, batches of 1: every item the dataset's own."""
+    dataset, plain, preset = detection_datasets(coco, None, train=False)
+
+    def make():
+        return {"batch_size": 1, "sampler": torch.utils.data.SequentialSampler(dataset), "num_workers": 4,
+                "collate_fn": detection_collate}  # fmt: skip
+
+    status, got = swap_or_route(dataset, plain, preset, make, tmp_path / "cache")
+    assert status in ("refused", "served") and len(got) == len(dataset) == 6
+    for i, ((image,), (target,)) in enumerate(got):
+        want_image, want_target = dataset[i]
+        assert torch.equal(image, want_image) and target.keys() == want_target.keys()
+        assert all(torch.equal(torch.as_tensor(target[k]), torch.as_tensor(want_target[k])) for k in target)
+
+
+def segmentation_collate(batch):
+    """references/segmentation/utils.py's collate_fn: images padded with 0 and masks with 255 to the largest."""
+    def cat_list(xs, fill):
+        size = tuple(max(s) for s in zip(*[x.shape for x in xs]))
+        out = xs[0].new_full((len(xs), *size), fill)
+        for x, o in zip(xs, out):
+            o[..., : x.shape[-2], : x.shape[-1]].copy_(x)
+        return out
+
+    images, targets = zip(*batch)
+    return cat_list(images, 0), cat_list(targets, 255)
+
+
+def pad_if_smaller(size: int):
+    """The segmentation presets' padding to at least ``size`` (right and bottom; masks with 255, images with 0)."""
+    from torchvision import tv_tensors
+    from torchvision.transforms.v2 import functional as F
+
+    def step(image, target):
+        h, w = F.get_size(image)
+        pad = [0, 0, max(size - w, 0), max(size - h, 0)]
+        return F.pad(image, pad, fill=0), tv_tensors.wrap(F.pad(target, pad, fill=255), like=target)
+
+    return step
+
+
+def coco_to_voc_segmentation(image, target):
+    """v2_extras.CocoDetectionToVOCSegmentation's job: instance masks of the 20 VOC categories merged into one
+    mask (VOC's numbering), 255 where two overlap."""
+    from torchvision import tv_tensors
+    from torchvision.transforms.v2 import functional as F
+
+    to_voc = dict(zip([0, 5, 2, 16, 9, 44, 6, 3, 17, 62, 21, 67, 18, 19, 4, 1, 64, 20, 63, 7, 72], range(21)))
+    keep = [(m, to_voc[int(c)]) for m, c in zip(target.get("masks", []), target.get("labels", [])) if int(c) in to_voc]
+    mask = torch.zeros(F.get_size(image), dtype=torch.uint8)
+    if keep:
+        masks = torch.stack([m for m, _ in keep]).to(torch.uint8)
+        mask = (masks * torch.tensor([v for _, v in keep], dtype=torch.uint8).view(-1, 1, 1)).amax(0)
+        mask[masks.sum(0) > 1] = 255
+    return image, tv_tensors.Mask(mask)
+
+
+def check_segmentation(got, want, allowed) -> None:
+    """Both loaders' batches: (2, 3, 480, 480) float32 images, (2, 480, 480) int64 masks, each position's classes
+    among those of the image the sampler put there (``allowed[i]``, with 0 and 255)."""
+    assert len(got) == len(want) == len(allowed)
+    for batches in (got, want):
+        for (images, masks), classes in zip(batches, allowed):
+            assert images.shape == (2, 3, 480, 480) and images.dtype == torch.float32
+            assert masks.shape == (2, 480, 480) and masks.dtype == torch.int64
+            for m, ok in zip(masks, classes):
+                assert set(m.unique().tolist()) <= ok | {0, 255}, (set(m.unique().tolist()), ok)
+
+
+def seg_kw(seed: int, dataset):
+    """train.py: RandomSampler (seeded, so that both loaders read one order), batches of 2, drop_last=True."""
+    def make():
+        return {"batch_size": 2, "sampler": torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed)),
+                "num_workers": 4, "collate_fn": segmentation_collate, "drop_last": True}  # fmt: skip
+    return make
+
+
+def order(dataset, seed: int) -> list[int]:
+    return list(torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed)))
+
+
+def test_segmentation_reference_coco_use_v2(coco, tmp_path):
+    """references/segmentation with ``--dataset coco --use-v2``: get_coco wraps CocoDetection(transforms=
+    Compose([CocoDetectionToVOCSegmentation(), SegmentationPresetTrain(base_size=520, crop_size=480)])) for masks and
+    labels, training on images with more than 1000 pixels of VOC's categories."""
+    from torchvision import tv_tensors
+    from torchvision.datasets import CocoDetection, wrap_dataset_for_transforms_v2
+    from torchvision.transforms import v2 as T
+
+    root, img, ann = coco
+    # (the fixture's degenerate annotation has an empty polygon list, which the wrapper's mask decoding cannot read
+    # with either loader: the segmentation case reads the annotation file without it)
+    content = json.loads(Path(ann).read_text())
+    content["annotations"] = [a for a in content["annotations"] if a["segmentation"]]
+    ann = root / "instances-segmentation.json"
+    ann.write_text(json.dumps(content))
+    preset = SegmentationPresetTrain([T.RandomResize(min_size=260, max_size=1040), T.RandomHorizontalFlip(0.5), pad_if_smaller(480),
+                     T.RandomCrop(480), T.PILToTensor(),
+                     T.ToDtype(dtype={torch.Tensor: torch.float32, tv_tensors.Mask: torch.int64, "others": None}, scale=True),
+                     T.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD), T.ToPureTensor()])  # fmt: skip
+    transforms_ = T.Compose([coco_to_voc_segmentation, preset])
+    voc_ids = {0, 5, 2, 16, 9, 44, 6, 3, 17, 62, 21, 67, 18, 19, 4, 1, 64, 20, 63, 7, 72}
+
+    def keep(anns):
+        return sum(a["area"] for a in anns if a["category_id"] in voc_ids) > 1000
+
+    built = []
+    for t in (transforms_, None):
+        base = CocoDetection(img, ann, transforms=t)
+        built.append(coco_train_subset(wrap_dataset_for_transforms_v2(base, target_keys={"masks", "labels"}), base, keep))
+    dataset, plain = built
+    status, got = swap_or_route(dataset, plain, transforms_, seg_kw(3, dataset), tmp_path / "cache")
+    want = dataloader_batches(dataset, seg_kw(3, dataset))
+    assert status in ("refused", "served")
+    to_voc = {3: 7, 7: 19}  # the fixture's COCO ids in VOC's numbering (11 is not a VOC category)
+    classes = [{to_voc[int(c)] for c in plain[i][1]["labels"] if int(c) in to_voc} for i in order(dataset, 3)]
+    check_segmentation(got, want, [classes[k : k + 2] for k in range(0, len(classes) - 1, 2)])
+
+
+def test_segmentation_reference_voc(tmp_path):
+    """references/segmentation with ``--dataset voc`` (v1 only: train.py refuses --use-v2 beside VOC):
+    VOCSegmentation(transforms=SegmentationPresetTrain(base_size=520, crop_size=480)), the preset's own v1 steps
+    (random resize of both to 260..1040, flip, pad with 0 / 255 and a random 480 crop, tensors, normalise) written
+    here with torchvision's functional calls."""
+    import random
+
+    from torchvision.datasets import VOCSegmentation
+    from torchvision.transforms import functional as F
+
+    from test_annotated import write_voc
+
+    class SegmentationPresetTrain:  # the v1 preset, named as the reference names it
+        def __call__(self, image, target):
+            size = random.randint(260, 1040)
+            image, target = F.resize(image, size), F.resize(target, size, interpolation=transforms.InterpolationMode.NEAREST)
+            if random.random() < 0.5:
+                image, target = F.hflip(image), F.hflip(target)
+            w, h = image.size
+            pad = [0, 0, max(480 - w, 0), max(480 - h, 0)]
+            image, target = F.pad(image, pad, fill=0), F.pad(target, pad, fill=255)
+            i, j, ch, cw = transforms.RandomCrop.get_params(image, (480, 480))
+            image, target = F.crop(image, i, j, ch, cw), F.crop(target, i, j, ch, cw)
+            image = F.normalize(F.convert_image_dtype(F.pil_to_tensor(image), torch.float), mean=IMAGENET_MEAN, std=IMAGENET_STD)
+            return image, torch.as_tensor(np.array(target), dtype=torch.int64)
+
+    root = write_voc(tmp_path)
+    preset = SegmentationPresetTrain()
+    dataset = VOCSegmentation(root, year="2012", image_set="train", transforms=preset)
+    plain = VOCSegmentation(root, year="2012", image_set="train")
+    status, got = swap_or_route(dataset, plain, preset, seg_kw(1, dataset), tmp_path / "cache")
+    want = dataloader_batches(dataset, seg_kw(1, dataset))
+    assert status in ("refused", "served")
+    classes = [{k + 1} for k in order(dataset, 1)]  # image k of the fixture holds class k + 1
+    check_segmentation(got, want, [classes[:2]])  # 3 images, batches of 2, the last dropped
