@@ -114,8 +114,8 @@ def check_classification(out: dict, *, shape: tuple[int, ...], batches: int, val
     assert {tuple(s[1:]) for s in gv["shapes"]} == {shape[1:]}
     lo, hi = pixel_range(IMAGENET_MEAN, IMAGENET_STD)
     assert min(gv["min"]) >= float(lo.min()) - 1e-4 and max(gv["max"]) <= float(hi.max()) + 1e-4
-    # evaluation is deterministic: the same pixels within a level (1/255 / 0.225 = 0.0174 normalised)
-    assert out["val_diff"]["max"] <= 0.0175 and out["val_diff"]["mean"] < 1e-3, out["val_diff"]
+    # evaluation is deterministic: the same pixels within a level (1/255 over the smallest std, normalised)
+    assert out["val_diff"]["max"] <= 1.01 / 255 / min(IMAGENET_STD) and out["val_diff"]["mean"] < 1e-3, out["val_diff"]
 
 
 def test_mae_finetune_with_its_timm_0_3_2(gradients, tmp_path):
