@@ -298,7 +298,7 @@ def test_dino_main_dino(ssl_folder, tmp_path):
 # ============================================================================ detection and segmentation references
 # Built as torchvision's references/detection/train.py (get_dataset, get_transform; coco_utils.get_coco;
 # presets.DetectionPresetTrain/Eval with --use-v2, backend pil) and references/segmentation/train.py build
-# them. The references' own helpers are written here in a few lines each (a preset keeps its steps in
+# them. The references' own small pieces are written here in a few lines each (a preset keeps its steps in
 # .transforms and is called on (image, target); the images-without-annotations filter; collate_fn).
 
 
