@@ -105,7 +105,7 @@ _PIL_CODES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box",
 
 
 #: An object shown by ``object.__repr__`` inside another's repr (``<moco.loader.GaussianBlur object at 0x7f...>``).
-_ADDRESS = re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>")
+_ADDRESS = re.compile(r"<((?:[\w.]|<locals>)+) object at 0x[0-9a-fA-F]+>")  # (a class made in a function too)
 
 
 def _name(t: Any) -> str:

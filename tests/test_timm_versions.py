@@ -13,10 +13,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,41 +26,11 @@ stats = pytest.importorskip("scipy.stats")
 from fastload.augment.policies import plan, timm_args  # noqa: E402
 from fastload.augment.readaug import TWO_POINT_STD  # noqa: E402
 from fastload.augment.settings import Op, Policy  # noqa: E402
+from timm_install import install_timm as _install  # noqa: E402
 
 VERSIONS = ("0.3.2", "0.4.12")
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = Path(__file__).resolve().parent / "old_timm_probe.py"
-CACHE = Path(os.environ.get("FASTLOAD_TEST_CACHE", Path.home() / ".cache" / "fastload-tests"))
-#: What pip says when it cannot reach an index: the only failures that skip rather than fail.
-OFFLINE = ("NewConnectionError", "Temporary failure in name resolution", "Network is unreachable",
-           "No matching distribution found", "Could not find a version", "ConnectionError", "timed out")  # fmt: skip
-
-
-def _install(version: str) -> Path:
-    """The folder holding ``timm==version`` (installed there on first use, atomically)."""
-    target = CACHE / f"timm-{version}"
-    if (target / "timm" / "__init__.py").is_file():
-        return target
-    CACHE.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".timm-{version}-", dir=CACHE))
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(tmp), f"timm=={version}"]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    except subprocess.TimeoutExpired:
-        shutil.rmtree(tmp, ignore_errors=True)
-        pytest.skip(f"timm=={version} could not be installed in 300 s (no network?)")
-    if r.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if any(s in r.stderr for s in OFFLINE):
-            pytest.skip(f"timm=={version} is not under {target} and pip cannot fetch it (no network): {r.stderr.strip()[-200:]}")
-        pytest.fail(f"pip install timm=={version} failed: {r.stderr.strip()[-400:]}")
-    try:
-        tmp.rename(target)
-    except OSError:  # another run installed it first
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
 def _probe(version: str, *args: str) -> dict:
     """``old_timm_probe.py args`` under timm ``version``: its JSON result."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(_install(version)), str(ROOT)]), PYTHONWARNINGS="ignore")

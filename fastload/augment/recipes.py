@@ -1,4 +1,4 @@
-"""Read the augmentation classes of public self-supervised recipes (MoCo's, DINO's) as chain operations.
+"""Read the augmentation classes of public recipes (MoCo's, DINO's, DeiT's) as chain operations.
 
 Self-supervised training scripts define a few augmentations of their own, on PIL images:
 
@@ -7,7 +7,9 @@ Self-supervised training scripts define a few augmentations of their own, on PIL
   ``ImageOps.solarize`` (threshold 128);
 * DINO (``utils.py``): ``GaussianBlur(p, radius_min, radius_max)`` blurs when
   ``random.random() <= p`` with ``radius = random.uniform(radius_min, radius_max)``;
-  ``Solarization(p)`` solarizes (threshold 128) when ``random.random() < p``.
+  ``Solarization(p)`` solarizes (threshold 128) when ``random.random() < p``;
+* DeiT (``augment.py``, its ``--ThreeAugment``): the same ``GaussianBlur`` and ``Solarization``, and
+  ``gray_scale(p)``, torchvision's ``Grayscale(3)`` (kept as ``transf``) when ``random.random() < p``.
 
 :func:`recipe_op` recognises such an object by its class name and its exact attributes, then
 checks it: called on a probe image from two random states, it must give what that law gives
@@ -76,6 +78,14 @@ def _laws(t: Any) -> tuple[Op, Callable[[Any], Any]] | None:
         return Op(name="Solarize", prob=p, magnitude=128.0), lambda im: ImageOps.solarize(im) if random.random() < p else im
     if name == "Solarize" and not keys:  # MoCo v3
         return Op(name="Solarize", magnitude=128.0), ImageOps.solarize
+    if name == "gray_scale" and keys == {"p", "transf"}:  # DeiT
+        vals, transf = _numbers(attrs["p"]), attrs["transf"]
+        if vals is None or not 0 <= vals[0] <= 1 or type(transf).__name__ != "Grayscale":
+            return None
+        if getattr(transf, "num_output_channels", None) != 3:
+            return None
+        p = vals[0]
+        return Op(name="Grayscale", prob=p), lambda im: im.convert("L").convert("RGB") if random.random() < p else im
     return None
 
 
