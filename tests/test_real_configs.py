@@ -8,8 +8,8 @@ structure, shapes and dtypes, labels (position by position where both read one s
 multiset per epoch where each shuffles on its own), value ranges, and the evaluation's pixels.
 Scripts that pin an old timm (MAE, ConvNeXt, DeiT: 0.3.2; DeiT also under 0.4.12) run in a subprocess with that
 version first on ``PYTHONPATH`` (``real_configs_probe.py``; installed as ``test_timm_versions.py``
-installs it). The detection and segmentation references record what happens now: refused with a
-route, which is followed to a DataLoader's batches, or served as the DataLoader serves them.
+installs it). The detection and segmentation references are served with their own transforms (the references'
+classes as tests/segmentation_reference.py writes them), checked against the DataLoader's batches.
 docs/dropin.md, "Real scripts, configuration by configuration", is the table of these cases.
 """
 
@@ -420,7 +420,7 @@ def test_detection_reference_faster_rcnn_use_v2(coco, tmp_path):
     make = train_kw(5, dataset, 2, detection_collate)
     status, got = swap_or_route(dataset, plain, preset, make, tmp_path / "cache")
     want = dataloader_batches(dataset, make)
-    assert status in ("refused", "served") and len(got) == len(want) == 2  # 5 images with boxes, batches of 2
+    assert status == "served" and len(got) == len(want) == 2  # 5 images with boxes, batches of 2
     for (gi, gt), (wi, wt) in zip(got, want, strict=True):
         for a, ta, b, tb in zip(gi, gt, wi, wt, strict=True):
             assert ta["image_id"] == tb["image_id"] and torch.equal(ta["labels"], tb["labels"])
@@ -441,7 +441,7 @@ def test_detection_reference_ssdlite_use_v2(coco, tmp_path):
     make = train_kw(7, dataset, 2, detection_collate)
     status, got = swap_or_route(dataset, plain, preset, make, tmp_path / "cache")
     want = dataloader_batches(dataset, make)
-    assert status in ("refused", "served") and len(got) == len(want) == 2
+    assert status == "served" and len(got) == len(want) == 2
     whole = {t["image_id"]: t for _, t in (plain[i] for i in range(len(plain)))}
     for (gi, gt), (wi, wt) in zip(got, want, strict=True):
         for a, ta, tb in zip(gi, gt, wt, strict=True):
@@ -463,7 +463,7 @@ def test_detection_reference_evaluation_use_v2(coco, tmp_path):
                 "collate_fn": detection_collate}  # fmt: skip
 
     status, got = swap_or_route(dataset, plain, preset, make, tmp_path / "cache")
-    assert status in ("refused", "served") and len(got) == len(dataset) == 6
+    assert status == "served" and len(got) == len(dataset) == 6
     for i, ((image,), (target,)) in enumerate(got):
         want_image, want_target = dataset[i]
         assert torch.equal(image, want_image) and target.keys() == want_target.keys()
@@ -481,35 +481,6 @@ def segmentation_collate(batch):
 
     images, targets = zip(*batch)
     return cat_list(images, 0), cat_list(targets, 255)
-
-
-def pad_if_smaller(size: int):
-    """The segmentation presets' padding to at least ``size`` (right and bottom; masks with 255, images with 0)."""
-    from torchvision import tv_tensors
-    from torchvision.transforms.v2 import functional as F
-
-    def step(image, target):
-        h, w = F.get_size(image)
-        pad = [0, 0, max(size - w, 0), max(size - h, 0)]
-        return F.pad(image, pad, fill=0), tv_tensors.wrap(F.pad(target, pad, fill=255), like=target)
-
-    return step
-
-
-def coco_to_voc_segmentation(image, target):
-    """v2_extras.CocoDetectionToVOCSegmentation's job: instance masks of the 20 VOC categories merged into one
-    mask (VOC's numbering), 255 where two overlap."""
-    from torchvision import tv_tensors
-    from torchvision.transforms.v2 import functional as F
-
-    to_voc = dict(zip([0, 5, 2, 16, 9, 44, 6, 3, 17, 62, 21, 67, 18, 19, 4, 1, 64, 20, 63, 7, 72], range(21)))
-    keep = [(m, to_voc[int(c)]) for m, c in zip(target.get("masks", []), target.get("labels", [])) if int(c) in to_voc]
-    mask = torch.zeros(F.get_size(image), dtype=torch.uint8)
-    if keep:
-        masks = torch.stack([m for m, _ in keep]).to(torch.uint8)
-        mask = (masks * torch.tensor([v for _, v in keep], dtype=torch.uint8).view(-1, 1, 1)).amax(0)
-        mask[masks.sum(0) > 1] = 255
-    return image, tv_tensors.Mask(mask)
 
 
 def check_segmentation(got, want, allowed) -> None:
@@ -551,11 +522,10 @@ def test_segmentation_reference_coco_use_v2(coco, tmp_path):
     content["annotations"] = [a for a in content["annotations"] if a["segmentation"]]
     ann = root / "instances-segmentation.json"
     ann.write_text(json.dumps(content))
-    preset = SegmentationPresetTrain([T.RandomResize(min_size=260, max_size=1040), T.RandomHorizontalFlip(0.5), pad_if_smaller(480),
-                     T.RandomCrop(480), T.PILToTensor(),
-                     T.ToDtype(dtype={torch.Tensor: torch.float32, tv_tensors.Mask: torch.int64, "others": None}, scale=True),
-                     T.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD), T.ToPureTensor()])  # fmt: skip
-    transforms_ = T.Compose([coco_to_voc_segmentation, preset])
+    from segmentation_reference import SegmentationPresetTrain as Preset, v2_extras
+
+    preset = Preset(base_size=520, crop_size=480, use_v2=True)  # presets.py's --use-v2 form, PadIfSmaller and all
+    transforms_ = T.Compose([v2_extras()[1](), preset])
     voc_ids = {0, 5, 2, 16, 9, 44, 6, 3, 17, 62, 21, 67, 18, 19, 4, 1, 64, 20, 63, 7, 72}
 
     def keep(anns):
@@ -568,7 +538,7 @@ def test_segmentation_reference_coco_use_v2(coco, tmp_path):
     dataset, plain = built
     status, got = swap_or_route(dataset, plain, transforms_, seg_kw(3, dataset), tmp_path / "cache")
     want = dataloader_batches(dataset, seg_kw(3, dataset))
-    assert status in ("refused", "served")
+    assert status == "served"
     to_voc = {3: 7, 7: 19}  # the fixture's COCO ids in VOC's numbering (11 is not a VOC category)
     classes = [{to_voc[int(c)] for c in plain[i][1]["labels"] if int(c) in to_voc} for i in order(dataset, 3)]
     check_segmentation(got, want, [classes[k : k + 2] for k in range(0, len(classes) - 1, 2)])
@@ -579,34 +549,18 @@ def test_segmentation_reference_voc(tmp_path):
     VOCSegmentation(transforms=SegmentationPresetTrain(base_size=520, crop_size=480)), the preset's own v1 steps
     (random resize of both to 260..1040, flip, pad with 0 / 255 and a random 480 crop, tensors, normalise) written
     here with torchvision's functional calls."""
-    import random
-
     from torchvision.datasets import VOCSegmentation
-    from torchvision.transforms import functional as F
 
+    from segmentation_reference import SegmentationPresetTrain as Preset
     from test_annotated import write_voc
 
-    class SegmentationPresetTrain:  # the v1 preset, named as the reference names it
-        def __call__(self, image, target):
-            size = random.randint(260, 1040)
-            image, target = F.resize(image, size), F.resize(target, size, interpolation=transforms.InterpolationMode.NEAREST)
-            if random.random() < 0.5:
-                image, target = F.hflip(image), F.hflip(target)
-            w, h = image.size
-            pad = [0, 0, max(480 - w, 0), max(480 - h, 0)]
-            image, target = F.pad(image, pad, fill=0), F.pad(target, pad, fill=255)
-            i, j, ch, cw = transforms.RandomCrop.get_params(image, (480, 480))
-            image, target = F.crop(image, i, j, ch, cw), F.crop(target, i, j, ch, cw)
-            image = F.normalize(F.convert_image_dtype(F.pil_to_tensor(image), torch.float), mean=IMAGENET_MEAN, std=IMAGENET_STD)
-            return image, torch.as_tensor(np.array(target), dtype=torch.int64)
-
     root = write_voc(tmp_path)
-    preset = SegmentationPresetTrain()
+    preset = Preset(base_size=520, crop_size=480)  # the reference's v1 classes
     dataset = VOCSegmentation(root, year="2012", image_set="train", transforms=preset)
     plain = VOCSegmentation(root, year="2012", image_set="train")
     status, got = swap_or_route(dataset, plain, preset, seg_kw(1, dataset), tmp_path / "cache")
     want = dataloader_batches(dataset, seg_kw(1, dataset))
-    assert status in ("refused", "served")
+    assert status == "served"
     classes = [{k + 1} for k in order(dataset, 1)]  # image k of the fixture holds class k + 1
     check_segmentation(got, want, [classes[:2]])  # 3 images, batches of 2, the last dropped
 
