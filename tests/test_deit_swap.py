@@ -63,7 +63,7 @@ def test_deits_transforms_translate_to_what_they_say():
     assert (ev.train, ev.resize, ev.crop, ev.interpolation) == (False, 256, 224, "bicubic")
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", [n if n == "defaults" else pytest.param(n, marks=pytest.mark.slow) for n in CONFIGS])  # 7 s each
 def test_the_swap_runs_as_the_dataloader_does(data, name):
     kw = CONFIGS[name]
     ref = run(data, loader="torch", **kw)

@@ -540,6 +540,7 @@ def _sweep(pristine: Path, workdir: Path, flips: list[tuple[int, int]], timeout:
     return json.loads(done[0][5:])
 
 
+@pytest.mark.slow  # long; test_scale's sampled flips stay fast
 def test_every_structural_lmdb_byte_flipped(one_shard, tmp_path):
     data = (one_shard / fastload.Dataset(one_shard).shards[0].file).read_bytes()
     offsets = _structural_offsets(data)

@@ -74,7 +74,7 @@ def sources(tmp_path):
     return a, b
 
 
-@pytest.mark.parametrize("resume", [True, False], ids=["resume", "fresh"])
+@pytest.mark.parametrize("resume", [pytest.param(True, marks=pytest.mark.slow), False], ids=["resume", "fresh"])  # 7 s each
 def test_a_pack_while_another_uploads_the_prefix_is_refused_naming_it(s3, sources, tmp_path, monkeypatch, resume):
     """Bug (before): B's ``--resume`` uploaded A's staging copy and deleted it, and A then failed."""
     a, b = sources

@@ -496,6 +496,7 @@ def _dist_worker(tmp_path: Path, packed: Path, ranks: int, mode: str, batch: int
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
 
 
+@pytest.mark.slow  # long; the opposite direction stays fast
 def test_torchrun_two_ranks_save_accelerate_state_and_one_process_resumes(packed, tmp_path):
     """``torchrun --nproc_per_node=2``: accelerate's save_state stores rank 0's loader state (the
     same on both ranks) after 2 batches of epoch 1 per rank; one process load_states it and reads

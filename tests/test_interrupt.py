@@ -138,6 +138,7 @@ def _random_kills(source, tmp_path, seeds) -> list[str]:
     return seen
 
 
+@pytest.mark.slow  # long; the file's other kills stay fast
 def test_kill_at_random_moments_then_resume(source, tmp_path):
     seen = _random_kills(source, tmp_path, seeds=[11, 12, 13])
     assert "partial" in seen, seen  # at least one kill landed mid-pack

@@ -167,6 +167,7 @@ print(json.dumps({"before": before, "after": rss_mb(), "threads_before": threads
 """
 
 
+@pytest.mark.slow  # long
 def test_many_dropped_loaders_leave_no_threads_and_no_memory(packed):
     r = subprocess.run([sys.executable, "-c", _MANY_SCRIPT, str(packed), "15", "40"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -99,6 +99,7 @@ def _reader_proc(packed: str, rank: int, q) -> None:
         q.put((rank, repr(e)))
 
 
+@pytest.mark.slow  # long
 def test_four_processes_read_one_dataset_at_once(packed):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()

@@ -124,12 +124,14 @@ def test_mae_finetune_with_its_timm_0_3_2(gradients, tmp_path):
     check_classification(out, shape=(6, 3, 224, 224), batches=2, val_batches=[6, 3], same_order=False)
 
 
+@pytest.mark.slow  # 8 s each under timm 0.3.2; MAE's case keeps that version fast
 def test_convnext_imagenet_with_its_timm_0_3_2(gradients, tmp_path):
     """ConvNeXt main.py + datasets.py (timm==0.3.2), ``--data_set IMNET``: its DistributedSampler read as given."""
     out = probe("0.3.2", "convnext", gradients, tmp_path / "cache")
     check_classification(out, shape=(6, 3, 224, 224), batches=2, val_batches=[9], same_order=True)
 
 
+@pytest.mark.slow  # 8 s each under timm 0.3.2; MAE's case keeps that version fast
 def test_convnext_cifar100_with_its_timm_0_3_2(tmp_path):
     """ConvNeXt ``--data_set CIFAR --input_size 32``: CIFAR100 with timm's transform, its crop replaced by
     RandomCrop(32, padding=4); evaluation ToTensor + Normalize without a resize."""

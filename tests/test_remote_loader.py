@@ -164,6 +164,7 @@ def test_two_ranks_of_a_node_download_each_shard_once(s3, remote, tmp_path):
 
 
 # ------------------------------------------------------------------ failures
+@pytest.mark.slow  # long (a server stopped or slowed on purpose); a download cut midway and test_remote_ranges' dead server stay fast
 def test_a_server_restarted_mid_epoch_costs_nothing(fresh_s3, images, tmp_path):
     url = upload(fresh_s3, images)
     loader = FastLoader(url, 3, device="cpu", crop=32, train=False, shuffle=False, cache_limit=40_000,
@@ -183,6 +184,7 @@ def test_a_server_restarted_mid_epoch_costs_nothing(fresh_s3, images, tmp_path):
     assert time.monotonic() - t0 < 60
 
 
+@pytest.mark.slow  # long (a server stopped or slowed on purpose); a download cut midway and test_remote_ranges' dead server stay fast
 def test_a_dead_server_is_an_error_within_the_deadline(fresh_s3, images, tmp_path):
     url = upload(fresh_s3, images)
     opts = fresh_s3.options()
@@ -203,6 +205,7 @@ def test_a_dead_server_is_an_error_within_the_deadline(fresh_s3, images, tmp_pat
     assert time.monotonic() - t0 < 3 + 5
 
 
+@pytest.mark.slow  # long (a server stopped or slowed on purpose); a download cut midway and test_remote_ranges' dead server stay fast
 def test_a_slow_server_and_cut_connections(s3, remote, tmp_path):
     proxy = Proxy("127.0.0.1", s3.ports["s3"], delay=0.02)  # 20 ms added to every request
     try:

@@ -254,6 +254,7 @@ def small_colours(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # long; the flipped structural bytes stay fast
 def test_damaged_copies_of_lazily_checked_shards(small_colours, tmp_path):
     """Truncated, random, flipped, zeroed pages: Dataset, verify and FastLoader give the right data or name the dataset."""
     cases = _damaged_copies(small_colours, tmp_path, range(2))
