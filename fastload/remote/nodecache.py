@@ -577,6 +577,20 @@ class RemoteShards:
         out.sort(key=lambda t: (t[0] != math.inf, -t[1] >= self._began, -t[0], t[1]))
         return out
 
+    def _before_in_order(self, k: int) -> bool:
+        """Whether a download ahead of ``k`` would jump the node's order: a shard some local rank needs before ``k``
+        is neither cached nor being downloaded. Each rank's threads fetch ahead on their own; taking the node's
+        free room for a shard needed later leaves none for the one needed first, and the batch that waits for it
+        then evicts a shard still needed (downloaded twice)."""
+        assert self.root is not None and self.manifest is not None
+        mine = self._next_use(k)
+        try:
+            there = os.listdir(self.root)
+        except OSError:
+            return False
+        held = {n.split(".part-")[0] if ".part-" in n else n for n in there}
+        return any(self._next_use(j) < mine for j, s in enumerate(self.manifest.shards) if j != k and s.file not in held)
+
     def _make_room(self, k: int, size: int, part: Path, *, urgent: bool) -> bool:
         """Delete unpinned shards until ``size`` more bytes fit in the limit, then reserve them (``part``
         made at its full size). Uses are the node's: every local rank's, from where each stands
@@ -584,7 +598,8 @@ class RemoteShards:
         use this epoch is past (or of another dataset), and shards not downloaded since the epoch began that it
         needs later than ``k``, and gives up if that is not enough: a shard downloaded this epoch and
         still needed is never traded for one needed later, so none is downloaded twice in an epoch
-        whose working set fits. A batch waiting for ``k`` deletes those first, then the shards needed
+        whose working set fits; nor does it fetch ``k`` while a shard the node needs first is missing
+        (:meth:`_before_in_order`). A batch waiting for ``k`` deletes those first, then the shards needed
         latest, and goes over the limit only when every other shard is pinned."""
         space = _Flock(self.cache / ".space.lock")
         try:
@@ -595,6 +610,8 @@ class RemoteShards:
                 board = self._board
                 if board is not None:  # where the node's other ranks stand now
                     self._peer_pos = board.positions(self._pos)
+                if not urgent and self._before_in_order(k):
+                    return False
                 used = self.usage()
                 mine = self._next_use(k)
                 for nxt, m, p, lockp in self._candidates() if used + size > self.limit else []:
