@@ -22,7 +22,7 @@ import pytest
 import torch
 
 pytest.importorskip("pycocotools")
-stats = pytest.importorskip("scipy.stats")
+pytest.importorskip("scipy.stats")
 from PIL import Image  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 from torchvision import tv_tensors  # noqa: E402
@@ -38,6 +38,7 @@ from fastload.errors import ConfigError  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 import detection_reference as ref  # noqa: E402
 from coco_fixture import IMAGES, PALETTE, colour_box, write_coco  # noqa: E402
+from law_checks import close, rates  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 MEAN = (123.0, 117.0, 104.0)
@@ -93,22 +94,6 @@ def lattice(seed, position, n, epoch=0):
     u = uniforms(seed, epoch, np.array([position]), n)[0]
     return np.floor(u * (1 << 24)) / (1 << 24)
 
-
-def close(a, b, what):
-    """Two samples from one law (Kolmogorov-Smirnov)."""
-    p = stats.ks_2samp(np.asarray(a, float), np.asarray(b, float)).pvalue
-    assert p > 1e-4, f"{what}: p={p:.2g}"
-
-
-def rates(a, b, what):
-    """Two samples of categories from one law (chi-square on the contingency table)."""
-    cats = sorted(set(a) | set(b), key=repr)
-    table = np.array([[list(a).count(c) for c in cats], [list(b).count(c) for c in cats]])
-    table = table[:, table.sum(0) > 0]
-    if table.shape[1] < 2:
-        return
-    p = stats.chi2_contingency(table).pvalue
-    assert p > 1e-4, f"{what}: p={p:.2g} {table.tolist()}"
 
 
 N = 3000

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-stats = pytest.importorskip("scipy.stats")
+pytest.importorskip("scipy.stats")
 from PIL import Image  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 from torchvision import tv_tensors  # noqa: E402
@@ -35,6 +35,7 @@ from fastload.errors import ConfigError  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 import detection_reference as dref  # noqa: E402
 import segmentation_reference as sref  # noqa: E402
+from law_checks import close, rates  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 N = 3000
@@ -95,20 +96,6 @@ def one(t):
     """The :class:`fastload.detaug.Program` of a single step."""
     return detaug.program(t, joint=True, where="t", kind="VOCSegmentation", route="the route")
 
-
-def close(a, b, what):
-    p = stats.ks_2samp(np.asarray(a, float), np.asarray(b, float)).pvalue
-    assert p > 1e-4, f"{what}: p={p:.2g}"
-
-
-def rates(a, b, what):
-    cats = sorted(set(a) | set(b), key=repr)
-    table = np.array([[list(a).count(c) for c in cats], [list(b).count(c) for c in cats]])
-    table = table[:, table.sum(0) > 0]
-    if table.shape[1] < 2:
-        return
-    p = stats.chi2_contingency(table).pvalue
-    assert p > 1e-4, f"{what}: p={p:.2g} {table.tolist()}"
 
 
 def coords(h, w):
