@@ -26,6 +26,7 @@ from fastload.errors import ConfigError  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from coco_fixture import IMAGES, write_coco  # noqa: E402
+from item_checks import same  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -34,21 +35,6 @@ def pairs(batch):
     """The detection references' collate_fn."""
     return tuple(zip(*batch))
 
-
-def same(a, b) -> bool:
-    """Whether two item parts are equal in type and value (PIL images, tensors, tv_tensors, containers)."""
-    if type(a) is not type(b) and not (isinstance(a, Image.Image) and isinstance(b, Image.Image)):
-        return False
-    if isinstance(a, Image.Image):
-        return a.mode == b.mode and a.size == b.size and a.tobytes() == b.tobytes() and a.getpalette() == b.getpalette()
-    if isinstance(a, torch.Tensor):
-        extra = all(getattr(a, k, None) == getattr(b, k, None) for k in ("format", "canvas_size"))
-        return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a.as_subclass(torch.Tensor), b.as_subclass(torch.Tensor))) and extra
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,6 @@ import torch
 
 pytest.importorskip("pycocotools")
 pytest.importorskip("scipy.stats")
-from PIL import Image  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 from torchvision import tv_tensors  # noqa: E402
 from torchvision.datasets import CocoDetection, wrap_dataset_for_transforms_v2  # noqa: E402
@@ -38,6 +37,7 @@ from fastload.errors import ConfigError  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 import detection_reference as ref  # noqa: E402
 from coco_fixture import IMAGES, PALETTE, colour_box, write_coco  # noqa: E402
+from item_checks import same  # noqa: E402
 from law_checks import close, rates  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
@@ -50,21 +50,6 @@ def pairs(batch):
     """The detection references' collate_fn."""
     return tuple(zip(*batch))
 
-
-def same(a, b) -> bool:
-    """Equal in type and value: PIL images, tensors and tv_tensors (with their metadata), containers."""
-    if isinstance(a, Image.Image) or isinstance(b, Image.Image):
-        return isinstance(a, Image.Image) and isinstance(b, Image.Image) and a.mode == b.mode and a.size == b.size and a.tobytes() == b.tobytes()
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, torch.Tensor):
-        meta = all(getattr(a, k, None) == getattr(b, k, None) for k in ("format", "canvas_size"))
-        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.as_subclass(torch.Tensor), b.as_subclass(torch.Tensor)) and meta
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,7 @@ from fastload.errors import ConfigError  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 import detection_reference as dref  # noqa: E402
 import segmentation_reference as sref  # noqa: E402
+from item_checks import same  # noqa: E402
 from law_checks import close, rates  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
@@ -42,21 +43,6 @@ N = 3000
 #: (height, width) of the VOC tree's images: non-square, some below the crop size.
 SIZES = [(60, 90), (75, 50), (40, 40), (33, 70), (96, 64), (50, 120)]
 
-
-def same(a, b) -> bool:
-    """Equal in type and value: PIL images (with their palette), tensors and tv_tensors, containers."""
-    if isinstance(a, Image.Image) or isinstance(b, Image.Image):
-        return (isinstance(a, Image.Image) and isinstance(b, Image.Image) and a.mode == b.mode and a.size == b.size
-                and a.tobytes() == b.tobytes() and a.getpalette() == b.getpalette())  # fmt: skip
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.as_subclass(torch.Tensor), b.as_subclass(torch.Tensor))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 def write_tree(root: Path) -> Path:
