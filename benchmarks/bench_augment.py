@@ -21,6 +21,8 @@ PILToTensor, ConvertImageDtype, Normalize, RandomErasing(0.25). ``--transform de
 ``timm.data.create_transform(224, is_training=True, auto_augment="rand-m9-mstd0.5-inc1",
 interpolation="bicubic", re_prob=0.25, re_mode="pixel")``. DALI's RandAugment has no magnitude
 noise (timm's ``mstd0.5``) and its erasing fills a constant, not pixel noise: same work, near enough.
+``--transform plain`` is the classic recipe, for comparison: RandomResizedCrop(224), flip, ToTensor,
+Normalize (DALI's row: the same graph without the augmentation and the erasing, bilinear).
 ``--transform mocov3`` and ``--transform dino`` are MoCo v3's two views and DINO's multi-crop (2 x 224
 + 6 x 96), their own blur and solarization classes included, batches ``[views, labels]``: FastLoader
 and DataLoader only (no DALI row).
@@ -202,7 +204,7 @@ def multi_view_transform(name: str) -> Any:
 
 
 def build_transform(name: str) -> Any:
-    """The per-image torchvision / timm training transform ``name`` (``ta``, ``deit``, ``mocov3`` or ``dino``)."""
+    """The per-image torchvision / timm training transform ``name`` (``ta``, ``deit``, ``plain``, ``mocov3`` or ``dino``)."""
     import torch
     from torchvision import transforms as T
     from torchvision.transforms import InterpolationMode
@@ -214,6 +216,8 @@ def build_transform(name: str) -> Any:
 
         return create_transform(CROP, is_training=True, auto_augment="rand-m9-mstd0.5-inc1", interpolation="bicubic",
                                 re_prob=0.25, re_mode="pixel")  # fmt: skip
+    if name == "plain":
+        return T.Compose([T.RandomResizedCrop(CROP), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
     return T.Compose([
         T.RandomResizedCrop(CROP, interpolation=InterpolationMode.BICUBIC), T.RandomHorizontalFlip(),
         T.TrivialAugmentWide(), T.PILToTensor(), T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD),
@@ -236,12 +240,16 @@ def dali_loader(images: str, transform: str, threads: int) -> Any:
         enc, label = fn.readers.file(file_root=images, random_shuffle=True, name="r")
         img = fn.decoders.image_random_crop(enc, device="cpu", output_type=types.RGB, random_area=[0.08, 1.0],
                                             random_aspect_ratio=[3 / 4, 4 / 3])  # fmt: skip
-        img = fn.resize(img, size=[CROP, CROP], interp_type=types.INTERP_CUBIC, antialias=True)
-        if transform == "deit":
+        cubic = transform != "plain"
+        img = fn.resize(img, size=[CROP, CROP], interp_type=types.INTERP_CUBIC if cubic else types.INTERP_LINEAR,
+                        antialias=True)  # fmt: skip
+        if transform == "plain":
+            pass
+        elif transform == "deit":
             img = rand_augment.rand_augment(img, n=2, m=9)
         else:
             img = trivial_augment.trivial_augment_wide(img)
-        if fn.random.coin_flip(probability=0.25):
+        if transform != "plain" and fn.random.coin_flip(probability=0.25):
             area = fn.random.uniform(range=[0.02, 1 / 3])
             ratio = dmath.exp(fn.random.uniform(range=[math.log(0.3), math.log(1 / 0.3)]))
             h = dmath.min(dmath.sqrt(area * ratio), 1.0)
@@ -404,6 +412,7 @@ def report(s: dict) -> str:
     what = {"ta": "TrivialAugmentWide + RandomErasing(0.25) + bicubic (torchvision's references)",
             "deit": "DeiT's training transform (timm RandAugment rand-m9-mstd0.5-inc1, bicubic, "
                     "pixel erasing 0.25)",
+            "plain": "The classic recipe (RandomResizedCrop(224), flip, ToTensor, Normalize)",
             "mocov3": "MoCo v3's two views (jitter, grayscale, MoCo's blur, solarize)",
             "dino": "DINO's multi-crop (2 x 224 + 6 x 96, jitter, grayscale, DINO's blur and solarization)"}  # fmt: skip
     roots = "".join(f"\n- `FastLoader[{i}]`: fastload from {r}" for i, r in enumerate(s["roots"]))
@@ -430,7 +439,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cache", default=str(ROOT / "data" / "bench-cache"))
     ap.add_argument("--out", default=None, help="path prefix of the .md and .json written")
-    ap.add_argument("--transform", choices=("ta", "deit", *MULTI_VIEW), default="ta")
+    ap.add_argument("--transform", choices=("ta", "deit", "plain", *MULTI_VIEW), default="ta")
     ap.add_argument("--with-gil-thread", action="store_true",
                     help="also measure each loader beside a GIL-holding thread")  # fmt: skip
     ap.add_argument("--root", action="append", default=None, help="a checkout to import fastload from (repeatable)")
@@ -456,8 +465,8 @@ def main() -> None:
                for i in range(len(roots))},
             "DataLoader": f"`DataLoader(ImageFolder(transform), {BATCH}, num_workers={len(os.sched_getaffinity(0))})`",
             **({} if a.transform in MULTI_VIEW else {"DALI": "DALI `readers.file` + `decoders.image_random_crop` + `resize` + "
-                    + ("`rand_augment(n=2, m=9)`" if a.transform == "deit" else "`trivial_augment_wide()`")
-                    + " + `erase` + `crop_mirror_normalize`"}),
+                    + {"deit": "`rand_augment(n=2, m=9)` + `erase` + ", "plain": ""}.get(a.transform, "`trivial_augment_wide()` + `erase` + ")
+                    + "`crop_mirror_normalize`"}),
         },
         "runs": runs, "ratios": ratios, "load_average_before": load_before, "load_average_after": os.getloadavg(),
         "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

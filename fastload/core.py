@@ -26,7 +26,7 @@ from .augment import eval_params, train_params, view_seed
 from .errors import FastloadError, FormatError, LoaderError
 from .format import DEFAULT_MAX_PIXELS
 from .augment.stage import GraphStage
-from .pipeline import GraphSpec, build_pipeline, decoder_sizing, encoded_batch, import_dali
+from .pipeline import GraphSpec, build_augment_pipeline, build_pipeline, decoder_sizing, encoded_batch, import_dali
 from .reader import Dataset, ReadAhead
 from .augment.settings import Augment
 from .threads import probe
@@ -145,11 +145,12 @@ class Core:
         self.views: tuple[Augment, ...] | None = None if views is None else tuple(views.views)
         self.stages = None if self.views is None else [_stage(a) for a in self.views]
         self.stage = _stage(augment) if self.train and self.views is None else None
-        # CPU training batches are resized and normalised on the host (faster than DALI's CPU resize), unless
-        # they are augmented: then the whole graph runs in DALI, as on a GPU (beside a training loop's Python
-        # the host finish's per-image GIL hand-offs cost 5x: measured, benchmarks/results/augment-*)
-        self.host_finish = (self.device.type == "cpu" and self.train and self.stage is None and augment.pad_crop is None
-                            and self.views is None)
+        # CPU training crops are resized (and flipped) on the host, in one GIL-free call per batch
+        # (fastload.host.finish_crops: torch's port of pillow-simd's resize, PIL's pixels, 7x cheaper than
+        # DALI's CPU resize); then normalised there, or, when augmented, through the stage's own CPU graph
+        self.host_finish = self.device.type == "cpu" and self.train and augment.pad_crop is None and self.views is None
+        self.augment_pipe: Any = None  # host_finish with a stage: the stage's CPU graph (build_augment_pipeline)
+        self.augment_feed: tuple | None = None  # its next batch (augment_source)
         self.pads = (0, 0, 0, 0)  # what the graph pads a RandomCrop's image by (its non-constant modes)
         if augment.pad_crop is not None and augment.pad_crop.mode != "constant":
             from .augment.padcrop import static_pads
@@ -228,7 +229,7 @@ class Core:
             pool, self.decode_pool = self.decode_pool, None
             if pool is not None:  # not waited for: the finaliser may run in one of its threads
                 pool.close()
-            self.pipe = None  # DALI frees its buffers (and GPU memory) with the pipeline
+            self.pipe = self.augment_pipe = None  # DALI frees its buffers (and GPU memory) with the pipeline
             if self.stream is not None:
                 with contextlib.suppress(Exception):
                     self.stream.synchronize()  # this stream only: the copies in flight
@@ -274,6 +275,8 @@ class Core:
         # CPU pipeline of N threads starts 2N + 3; the epoch thread and a margin on top)
         probe(2 * self.num_threads + 8, what=f"the DALI pipeline ({self.num_threads} CPU threads)")
         try:
+            if self.host_finish and self.stage is not None:
+                self.augment_pipe = build_augment_pipeline(spec, self.augment_source)
             return build_pipeline(spec, self.source)
         except FastloadError:
             raise
@@ -360,6 +363,13 @@ class Core:
             if stage is not None:
                 out += stage.feed(seed=seed, epoch=epoch, positions=positions, layout=layout)
         return out
+
+    def augment_source(self) -> tuple:
+        """The stage graph's callback: the host-finished batch the epoch thread set before its ``run()``."""
+        feed, self.augment_feed = self.augment_feed, None
+        if feed is None:
+            raise StopIteration
+        return feed
 
     def stage_feed(self, epoch: int, positions: np.ndarray) -> list:
         """The augmentation stage's inputs for one batch (:meth:`fastload.augment.stage.GraphStage.feed`)."""

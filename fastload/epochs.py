@@ -13,6 +13,7 @@ never hangs. An iterator that is dropped stops its thread.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import contextlib
 import queue
 import threading
@@ -24,8 +25,8 @@ import torch
 
 from .core import CLOSED, SUPERSEDED, Core
 from .errors import FastloadError, LoaderError
-from .host import finish_crops
-from .pipeline import cpu_samples
+from .host import PackedCrops, finish_crops
+from .pipeline import cpu_samples, packed_samples
 from .sampler import Batch, EpochSampler
 from .threads import cannot_start, start_threads
 
@@ -62,6 +63,22 @@ def start_epoch(core: Core, epoch: int, start: int) -> "EpochRun":
             core.run = None
             raise
         return run
+
+
+def _crops(tl: Any) -> Any:
+    """DALI's decoded CPU crops for the host finish: packed in one buffer (no per-image Python), else as views."""
+    packed = packed_samples(tl)
+    return PackedCrops(*packed) if packed is not None else cpu_samples(tl)
+
+
+@dataclasses.dataclass
+class _Staged:
+    """A CPU training batch finished on the host, for the stage graph: uint8 NHWC ``crops``, the stage's ``feed``."""
+
+    crops: np.ndarray
+    feed: list
+    batch: Batch
+    labels: np.ndarray
 
 
 class EpochRun:
@@ -114,7 +131,10 @@ class EpochRun:
         try:
             if stream is not None:
                 torch.cuda.set_device(core.device)
+            else:  # this thread's torch calls (the host finish) on one core: DALI's threads have the others
+                torch.set_num_threads(1)  # (OpenMP's thread count is per thread: the caller's is left as it is)
 
+            staged: _Staged | None = None  # a host-finished batch in the stage graph (core.augment_pipe), not yet out
             while True:
                 try:
                     outs = pipe.run(stream) if stream is not None else pipe.run()
@@ -123,14 +143,20 @@ class EpochRun:
                     break
                 batch = self._inflight.popleft()
                 if self._stop.is_set():
+                    staged = self._collect(staged, put=False)
                     continue  # drain what DALI already scheduled
                 if batch.number in self.errors:
+                    self._collect(staged)  # the batch before it is handed on first
                     raise self.errors.pop(batch.number)
                 item = self._convert(outs if core.views is not None else outs[0], batch)
-                if item is not None and core.fields is not None:  # FastLoader(fields=...): the batch's typed fields
-                    item = (*item, core.dataset.field_values(batch.indices) if core.fields.stored else [{}] * len(batch.indices))
-                if not self._put(item):
+                if isinstance(item, _Staged):
+                    self._collect(staged)
+                    core.augment_feed = (item.crops, *item.feed)
+                    core.augment_pipe.schedule_run()  # DALI's threads augment it while the loop goes on
+                    staged = item
                     continue
+                self._hand_on(item, batch)
+            self._collect(staged, put=not self._stop.is_set())
             if not self._stop.is_set():
                 self._put(_END)
         except BaseException as e:  # noqa: BLE001 - every failure must reach the consumer
@@ -147,6 +173,22 @@ class EpochRun:
                 err = core.locate_decode_error(pending, e)
                 err.__cause__ = e
             self._put(_Failure(err))
+
+    def _hand_on(self, item: Any, batch: Batch) -> None:
+        """Put a converted batch on the queue (with its typed fields under ``FastLoader(fields=...)``)."""
+        core = self.core
+        if item is not None and core.fields is not None:
+            item = (*item, core.dataset.field_values(batch.indices) if core.fields.stored else [{}] * len(batch.indices))
+        self._put(item)
+
+    def _collect(self, staged: _Staged | None, *, put: bool = True) -> None:
+        """Wait for the stage graph's batch ``staged`` (if any) and hand it on (``put``) or drop it; returns None."""
+        if staged is None:
+            return None
+        (out,) = self.core.augment_pipe.outputs()
+        if put:
+            self._hand_on((self._to_torch(out.as_tensor()), torch.from_numpy(staged.labels), None), staged.batch)
+        return None
 
     def _finished_on_host(self, tl, batch: Batch, labels_np: np.ndarray):
         """A CPU training batch: DALI's decoded crops resized, flipped and normalised on the host."""
@@ -166,10 +208,14 @@ class EpochRun:
                 why = "PIL cannot identify it as an image" if type(e).__name__ == "UnidentifiedImageError" else str(e)
                 where = core.dataset.where(int(batch.indices[k]))
                 raise LoaderError(f"{where} failed to decode: {(why or type(e).__name__)[:200]}") from e
+        staged = core.stage is not None  # uint8 NHWC crops for the stage's graph, which normalises
         images = finish_crops(
-            cpu_samples(tl), flips, crop=core.crop, mean=core.mean, std=core.std,
-            dtype=core.dtype, channels_last=core.channels_last, finished=finished, interpolation=core.interpolation,
+            _crops(tl), flips, crop=core.crop, mean=None if staged else core.mean, std=None if staged else core.std,
+            dtype=torch.uint8 if staged else core.dtype, channels_last=staged or core.channels_last, finished=finished,
+            interpolation=core.interpolation,
         )  # fmt: skip
+        if staged:  # its stage graph runs while the next batch is decoded and finished (see _produce)
+            return _Staged(images.permute(0, 2, 3, 1).numpy(), core.stage_feed(self.epoch, batch.positions), batch, labels_np)
         return images, torch.from_numpy(labels_np), None
 
     def _to_torch(self, dali_tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

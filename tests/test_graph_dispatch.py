@@ -2,10 +2,14 @@
 
 DeiT's recipe (timm RandAugment ``rand-m9-mstd0.5-inc1``, bicubic, pixel-noise erasing) and
 torchvision's ``ta_wide`` recipe run through ``FastLoader`` at batch 8 and batch 128. In the
-producer thread, a ``TorchDispatchMode`` records every torch operation of each batch's
-conversion, and the per-image functions a Python loop would call (PIL's image operations,
-torchvision's functional transforms, timm's operations) are watched: the same torch operations
-at both batch sizes, none moving data between devices, and none of the per-image functions.
+producer thread, a ``TorchDispatchMode`` records every torch operation of the first batch's
+conversion (the host finish, then the stage graph's output), and the per-image functions a Python
+loop would call (PIL's image operations, torchvision's functional transforms, timm's operations)
+are watched: the same torch operations at both batch sizes, none moving data between devices, and
+none of the per-image functions. On the CPU the crops are resized in one TorchScript call per
+batch (``fastload.host.batch_finish``), whose loop over the images is TorchScript's, not Python's:
+the call is counted (once per batch, with all the batch's crops) and the operations inside it,
+which are per image as DALI's per-sample kernels are, are held to the CPU but not counted.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 import fastload
+from fastload import host
 from fastload.epochs import EpochRun
 
 T = pytest.importorskip("torchvision.transforms")
@@ -96,20 +101,38 @@ def _first_batch(packed, batch: int, transform, monkeypatch) -> tuple[Recorder, 
             return __orig(*a, **k)
 
         monkeypatch.setattr(owner, name, spy)
-    rec = Recorder()
-    convert = EpochRun._convert
+    rec, inside = Recorder(), Recorder()
+    convert, collect = EpochRun._convert, EpochRun._collect
+    finish = host.batch_finish()
+    sizes: list[int] = []  # crops per batch_finish call
+    recording: list[str] = []  # the methods recorded so far (the first batch only: how many more the thread
+    # converts ahead depends on timing)
 
-    def recorded(self, tl, b):
-        producer[:] = [threading.current_thread()]
-        if rec.ops:  # the first batch only (how many more the thread converts ahead depends on timing)
-            return convert(self, tl, b)
-        with rec:
-            return convert(self, tl, b)
+    def finished(*a):
+        sizes.append(len(a[5]))  # its flips: one per crop
+        with _disable_current_modes(), inside:  # TorchScript's per-image operations, held apart
+            return finish(*a)
 
-    monkeypatch.setattr(EpochRun, "_convert", recorded)
+    def recorded(method, name):
+        def run(self, *a, **k):
+            producer[:] = [threading.current_thread()]
+            if name in recording or (name == "_collect" and a[0] is None):
+                return method(self, *a, **k)
+            recording.append(name)
+            with rec:
+                return method(self, *a, **k)
+
+        return run
+
+    monkeypatch.setattr(host, "batch_finish", lambda: finished)
+    monkeypatch.setattr(EpochRun, "_convert", recorded(convert, "_convert"))
+    monkeypatch.setattr(EpochRun, "_collect", recorded(collect, "_collect"))
     with fastload.FastLoader(packed, batch, device="cpu", transform=transform, seed=5, num_threads=2) as ld:
         x, y = next(iter(ld))
     assert x.shape == (batch, 3, 32, 32) and x.dtype == torch.float32
+    assert recording == ["_convert", "_collect"]  # the stage graph's batch was collected, and recorded
+    assert inside.ops and all(d <= {"cpu"} for d in inside.devices)
+    assert sizes[0] == batch and set(sizes) <= {batch, 136 % batch}  # one call per batch, with all its crops
     return rec, calls
 
 
@@ -126,16 +149,41 @@ def test_the_batch_path_dispatches_the_same_work_at_batch_8_and_128(many, recipe
 
 def test_the_spies_see_a_per_image_loop(many, monkeypatch):
     """The check above can fail: the same spies catch a per-image PIL loop run in the producer thread."""
-    convert = EpochRun._convert
+    hand_on = EpochRun._hand_on
 
-    def with_a_loop(self, tl, b):
-        out = convert(self, tl, b)
-        for img in out[0]:
+    def with_a_loop(self, item, b):
+        for img in item[0]:
             u8 = (img.clamp(-2, 2) * 50 + 128).to(torch.uint8).permute(1, 2, 0).contiguous().numpy()
             Image.fromarray(u8).rotate(10)
-        return out
+        return hand_on(self, item, b)
 
-    monkeypatch.setattr(EpochRun, "_convert", with_a_loop)
+    monkeypatch.setattr(EpochRun, "_hand_on", with_a_loop)
     rec, calls = _first_batch(many, 8, _ta_wide(), monkeypatch)
     # every batch the thread converted (it runs ahead of the consumer): 8 images each
     assert calls["rotate"] >= 8 and calls["rotate"] % 8 == 0 and calls["fromarray"] == calls["rotate"]
+
+
+@pytest.mark.parametrize("recipe", [None, _ta_wide], ids=["crop_flip", "ta_wide"])
+def test_the_loader_thread_keeps_torch_to_one_core_and_the_caller_keeps_its_own(many, recipe):
+    """The producer pins its own torch calls (the host finish) to one thread, leaving DALI's threads the other
+    cores; ``torch.set_num_threads`` is per thread, so the training loop's count is what it set.
+    Kills: the pin dropped (the finish spreads over every core), or made in the caller's thread."""
+    before = torch.get_num_threads()
+    inner: list[int] = []
+    finish = host.batch_finish()
+
+    def counted(*a):
+        inner.append(torch.get_num_threads())
+        return finish(*a)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(host, "batch_finish", lambda: counted)
+        torch.set_num_threads(2)
+        try:
+            kw = {} if recipe is None else {"transform": recipe()}
+            with fastload.FastLoader(many, 8, device="cpu", seed=5, num_threads=2, **kw) as ld:
+                for _ in ld:
+                    assert torch.get_num_threads() == 2
+        finally:
+            torch.set_num_threads(before)
+    assert inner and set(inner) == {1}

@@ -38,6 +38,19 @@ def _as_hwc_uint8(images: torch.Tensor) -> np.ndarray:
     return images.permute(0, 2, 3, 1).contiguous().numpy()
 
 
+@pytest.fixture(autouse=True, params=["torch", "pil"])
+def finish_path(request, monkeypatch):
+    """Every test here runs through both finishes: torch's one call per batch, and PIL's (where TorchScript is not)."""
+    if request.param == "pil":
+        monkeypatch.setattr(host, "_SCRIPT", [None])
+    return request.param
+
+
+def test_the_batch_finish_compiles_with_the_torch_the_set_up_installs(finish_path):
+    # None would mean every CPU batch silently went back to the Python loop over its images
+    assert (host.batch_finish() is not None) == (finish_path == "torch")
+
+
 def test_the_fast_path_is_available_with_the_pillow_the_set_up_installs():
     # The chunked path resizes through PIL's C image calls; core_ops() checked them against the
     # public calls. None here would mean small crops silently went back to the slower path.

@@ -303,8 +303,10 @@ def test_each_views_settings_are_its_own_transforms(noise_root):
 
 # ----------------------------------------------------------------------------- draws per view
 def test_views_of_one_image_differ_and_view_0_is_a_one_view_loaders(noise_root, cache):
-    """View 0 draws what a one-view loader with the same seed draws (the same pixels: PNGs decode exactly); view 1
-    draws its own (different pixels on every image of the epoch)."""
+    """View 0 draws what a one-view loader with the same seed draws; view 1 draws its own (different pixels on
+    every image of the epoch). The one-view loader resizes on the host with PIL's kernel, the views' graph with
+    DALI's: on this noise the same draws differ by about half a level on average (36 at most, at 20 px), other
+    draws by tens of levels on every image, so each image's mean difference tells them apart."""
     base = transforms.Compose([transforms.RandomResizedCrop(20), transforms.RandomHorizontalFlip(),
                                transforms.RandomApply([transforms.ColorJitter(0.4, 0.4, 0.4)], p=0.8), transforms.ToTensor()])  # fmt: skip
     ds = ImageFolder(str(noise_root), transform=TwoCropsTransform(base))
@@ -312,7 +314,8 @@ def test_views_of_one_image_differ_and_view_0_is_a_one_view_loaders(noise_root, 
         views = [torch.cat(x) for x in zip(*[v for v, _ in multi])]
     with _fast(ImageFolder(str(noise_root), transform=base), cache, batch_size=6, seed=9) as one:
         single = torch.cat([x for x, _ in one])
-    assert (views[0] - single).abs().max() <= 1 / 255 + 1e-6
+    assert ((views[0] - single).abs().flatten(1).mean(1) <= 2 / 255).all()
+    assert ((views[1] - single).abs().flatten(1).mean(1) > 10 / 255).all()
     assert ((views[0] - views[1]).abs().flatten(1).amax(1) > 0.1).all()
 
 

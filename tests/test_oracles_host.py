@@ -201,6 +201,7 @@ def test_outputs_of_at_most_97_px_are_finished_a_chunk_at_a_time(monkeypatch, cr
     """The documented split (``crop * crop * 3 <= 28 KiB``: 97 px and below), as a table by hand.
     Kills: the byte count as ``crop * crop / 3``, ``crop / crop * 3`` or ``* 4`` (85 px a chunk at a time
     no more)."""
+    monkeypatch.setattr(host, "_SCRIPT", [None])  # the PIL paths (what runs without TorchScript)
     seen = []
     for name in ("_finish_chunked", "_finish_each"):
         real = getattr(host, name)
@@ -208,6 +209,23 @@ def test_outputs_of_at_most_97_px_are_finished_a_chunk_at_a_time(monkeypatch, cr
     finish_crops_args = dict(crop=crop, mean=None, std=None, dtype=torch.uint8, channels_last=False)
     host.finish_crops(crops_of(2, crop), np.zeros(2, bool), **finish_crops_args)
     assert seen == ["_finish_chunked" if chunked else "_finish_each"]
+
+
+@pytest.mark.parametrize("interpolation, scripted", [("bilinear", True), ("bicubic", True), ("nearest", False), ("lanczos", False)])
+@pytest.mark.parametrize("crop", [8, 224])
+def test_bilinear_and_bicubic_go_to_the_one_call_per_batch(monkeypatch, interpolation, scripted, crop):
+    """torch's resize is PIL's for bilinear and bicubic only: those batches are one TorchScript call, the
+    others PIL's. Kills: a mode added to or dropped from ``TORCH_MODES``; the script bypassed."""
+    calls = []
+    real = host.batch_finish()
+    monkeypatch.setattr(host, "batch_finish", lambda: lambda *a: (calls.append(a[9]), real(*a))[1])  # a[9]: the mode
+    crops = crops_of(3, 1, 5, 400)  # smaller and larger than the output
+    got = host.finish_crops(crops, np.array([True, False, True]), crop=crop, mean=None, std=None, dtype=torch.uint8,
+                            channels_last=False, interpolation=interpolation)  # fmt: skip
+    assert calls == ([interpolation] if scripted else [])
+    for i, c in enumerate(crops):
+        want = np.asarray(Image.fromarray(c).resize((crop, crop), host.PIL_FILTERS[interpolation]))
+        assert np.array_equal(got[i].permute(1, 2, 0).numpy(), want[:, ::-1] if i != 1 else want), i
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
@@ -236,8 +254,8 @@ def test_normalisation_is_the_documented_float32_arithmetic_bit_for_bit(crop):
     assert torch.equal(got, u8.float() * scale - shift)
 
 
-@pytest.mark.parametrize("crop", [16, 40])
-@pytest.mark.parametrize("interpolation", ["nearest", "bicubic", "lanczos"])
+@pytest.mark.parametrize("crop", [16, 40, 224])
+@pytest.mark.parametrize("interpolation", ["nearest", "bilinear", "bicubic", "lanczos"])
 def test_small_crops_honour_the_interpolation(crop, interpolation):
     """Kills: the chunked path's canvas built without ``resample`` (bilinear whatever was asked)."""
     crops, flips = crops_of(5, 2, 10, 90), np.array([True, False, True, False, False])
