@@ -187,3 +187,26 @@ def test_the_loader_thread_keeps_torch_to_one_core_and_the_caller_keeps_its_own(
         finally:
             torch.set_num_threads(before)
     assert inner and set(inner) == {1}
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [
+        lambda: fastload.Augment(grayscale=1.0),  # the params-free operations only
+        lambda: T.Compose([T.RandomResizedCrop(24), T.RandomGrayscale(0.5), T.ColorJitter(0.4), T.ToTensor()]),
+        lambda: T.Compose([T.RandomResizedCrop(24), T.ToTensor(), T.RandomErasing(0.5)]),  # erasing alone: no steps
+        _ta_wide,
+    ],
+    ids=["grayscale", "gray-then-jitter", "erasing", "ta_wide"],
+)
+def test_every_input_fed_to_the_graph_is_used(many, transform):
+    """DALI warns (and still copies) where an ``external_source`` output feeds nothing: the stage feeds its per-step
+    params only where one of its operations reads them. Kills: the params always fed (grayscale warns)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with fastload.FastLoader(many, 8, device="cpu", seed=5, num_threads=2, transform=transform()) as ld:
+            x, _ = next(iter(ld))
+    assert x.shape[0] == 8
+    assert not [str(w.message) for w in seen if "is not used" in str(w.message)]

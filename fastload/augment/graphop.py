@@ -48,6 +48,11 @@ class GraphOp:
     def key(self) -> tuple[str, str, str]:
         return (self.library, self.name, self.interpolation)
 
+    @property
+    def takes_params(self) -> bool:
+        """Whether its graph reads the params fed (False for :func:`no_params` operations)."""
+        return self.host is not no_params
+
     def params(self, args: tuple) -> np.ndarray:
         """The float32 ``[ARGS]`` vector fed for one sample's step."""
         vals = [float(v) for v in self.host(tuple(args))]
@@ -58,9 +63,14 @@ class GraphOp:
         return out
 
 
+def no_params(args: tuple) -> tuple:
+    """The host side of an operation fed nothing: its graph ignores the params node."""
+    return ()
+
+
 def identity(library: str, interpolation: str = "bilinear") -> GraphOp:
     """The operation that leaves the image as it is (RandAugment's Identity, a skipped step)."""
-    return GraphOp(library, "Identity", interpolation, host=lambda args: (), graph=lambda img, p: img)
+    return GraphOp(library, "Identity", interpolation, host=no_params, graph=lambda img, p: img)
 
 
 def apply_once(op: GraphOp, images: Sequence[np.ndarray], args: Sequence[tuple], *, num_threads: int = 1) -> list[np.ndarray]:

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .graphop import GraphOp
+from .graphop import GraphOp, no_params
 
 #: The operations :func:`color_op` builds, per library.
 COLOR_NAMES: dict[str, tuple[str, ...]] = {
@@ -352,7 +352,7 @@ def _tv_op(name: str) -> _Made | None:
         return (lambda a: (float(a[1]), float(a[0]), float(np.float32(a[2])))), _gaussian_tv
     if name == "ColorJitter":
         return jitter_slots, _jitter
-    return ((lambda a: ()), _PLAIN[name]) if name in _PLAIN else None
+    return (no_params, _PLAIN[name]) if name in _PLAIN else None
 
 
 def _timm_op(name: str) -> _Made | None:
@@ -370,7 +370,7 @@ def _timm_op(name: str) -> _Made | None:
         return (lambda a: (float(min(255, max(0, int(a[0])))),)), _solarize_add
     if name == "GaussianBlur":
         return (lambda a: tuple(box_taps(float(a[0])))), _gaussian_timm
-    return ((lambda a: ()), _PLAIN[name]) if name in _PLAIN and name != "Grayscale" else None
+    return (no_params, _PLAIN[name]) if name in _PLAIN and name != "Grayscale" else None
 
 
 def color_op(library: str, name: str, interpolation: str, fill: tuple[int, int, int]) -> GraphOp | None:

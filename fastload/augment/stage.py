@@ -118,6 +118,9 @@ class GraphStage:
         if a.grayscale > 0:
             self._add("torchvision", "Grayscale", "bilinear", (0, 0, 0))
             self.steps += 1
+        # the params input exists only where an operation reads it (DALI warns of a fed input nothing uses)
+        self.with_params = self.steps > 0 and any(op.takes_params for op in self.ops)
+        self._lead = (1 + self.with_params) if self.steps else 0  # the feed's inputs before the erasing's
         if _turns_hue(a) and not _HUE_SAID:
             _HUE_SAID.append(True)
             log.warning(HUE_NOTE)
@@ -148,7 +151,8 @@ class GraphStage:
 
     # ---- host: what each sample gets
     def feed(self, *, seed: int, epoch: int, positions: np.ndarray, layout: str) -> list:
-        """The stage's inputs for one batch: ``[indices [n, steps] int32, params [n, steps, ARGS] float32]``, then per
+        """The stage's inputs for one batch: ``[indices [n, steps] int32, params [n, steps, ARGS] float32]`` (the params
+        only where an operation reads them: :attr:`with_params`), then per
         erasing slot ``anchor [n, 2]``, ``shape [n, 2]`` (top/left, height/width; 0 where none) and, for noise, the
         patches (one float32 array per sample in ``layout``, zeros ``1x1`` where none)."""
         a, n = self.augment, len(positions)
@@ -186,7 +190,7 @@ class GraphStage:
             if a.grayscale > 0:
                 idx[np.asarray(gray, dtype=bool), s] = self._index[("torchvision", "Grayscale", "bilinear")]
                 s += 1
-        return ([idx, par] if self.steps else []) + self._erase_feed(seed, epoch, positions, layout)
+        return [idx, par][: self._lead] + self._erase_feed(seed, epoch, positions, layout)
 
     def _erase_feed(self, seed: int, epoch: int, positions: np.ndarray, layout: str) -> list:
         er = self.erasing
@@ -206,7 +210,7 @@ class GraphStage:
 
     def input_kinds(self, layout: str) -> list[tuple[str, int, str]]:
         """``(dtype, ndim, layout)`` of each input :meth:`feed` gives, in its order."""
-        kinds = [("int32", 1, ""), ("float32", 2, "")] if self.steps else []
+        kinds = [("int32", 1, ""), ("float32", 2, "")][: self._lead]
         for _ in range(self.slots):
             kinds += [("float32", 1, ""), ("float32", 1, "")]
             if self.erasing.noise is not None:
@@ -218,7 +222,7 @@ class GraphStage:
         """Each sample's steps on the uint8 HWC ``img`` (``inputs``: all of :meth:`feed`'s, as graph nodes)."""
         if self.steps == 0:
             return img
-        return select_steps(self.ops, img, inputs[0], inputs[1], self.steps)
+        return select_steps(self.ops, img, inputs[0], inputs[1] if self.with_params else None, self.steps)
 
     def erase(self, img: Any, inputs: Sequence[Any], *, layout: str, value: Sequence[float], dtype: Any) -> Any:
         """The erasing rectangles on the normalised ``img`` (in ``layout``, of DALI type ``dtype``); ``inputs``: all of
@@ -231,7 +235,7 @@ class GraphStage:
         er = self.erasing
         if er is None:
             return img
-        inputs = inputs[2 if self.steps else 0 :]
+        inputs = inputs[self._lead :]
         per = 2 if er.noise is None else 3
         hw = [float(self.crop), float(self.crop)]
         for b in range(self.slots):
@@ -264,14 +268,15 @@ def _pasted(img: Any, anchor: Any, shape: Any, patch: Any, *, hw: list, dtype: A
 
 def select_steps(table: Sequence[GraphOp], img: Any, idx: Any, par: Any, steps: int) -> Any:
     """``steps`` rounds of DALI's conditional ``select``: in round ``s`` each sample gets ``table[idx[s]]`` with
-    ``par[s]`` (``idx`` int32 ``[steps]`` and ``par`` float32 ``[steps, ARGS]`` per sample; needs ``enable_conditionals``)."""
+    ``par[s]`` (``idx`` int32 ``[steps]`` and ``par`` float32 ``[steps, ARGS]`` per sample, or None where no operation of
+    ``table`` reads its params; needs ``enable_conditionals``)."""
     if len(table) < 2:
         return img
     from nvidia.dali.auto_aug.core import select
 
     graphs = [op.graph for op in table]
     for s in range(steps):
-        img = select(graphs, idx[s], img, par[s])
+        img = select(graphs, idx[s], img, None if par is None else par[s])
     return img
 
 
