@@ -195,7 +195,8 @@ class Core:
         # collector, and so this core's finaliser, before start() returns to its starter.
         st = self.dataset.manifest.stats if isinstance(self.dataset.manifest.stats, dict) else {}
         sides = [st.get(k, {}).get("max") if isinstance(st.get(k), dict) else None for k in ("width", "height")]
-        if all(v is None or v >= REDUCED_SCALE_RATIO * self.crop for v in sides):
+        # an augmented recipe's pool also draws each batch's stage inputs (stage_feed_job), off the epoch thread
+        if self.stage is not None or all(v is None or v >= REDUCED_SCALE_RATIO * self.crop for v in sides):
             self.decode_pool, self.decode_pool_pid = DecodePool(self.num_threads), os.getpid()
 
     def stop(self, why: str) -> None:
@@ -324,7 +325,8 @@ class Core:
         # not lists of n small arrays: DALI checks each list item in Python (about 6 us each).
         anchors, shapes = np.ascontiguousarray(boxes[:, :2]), np.ascontiguousarray(boxes[:, 2:])
         if self.host_finish:
-            run.flips.append((flips, self._submit_reduced(enc, boxes, widths, heights, anchors, shapes, rb.errors)))
+            feed = None if self.stage is None else self.stage_feed_job(run.epoch, batch.positions)
+            run.flips.append((flips, self._submit_reduced(enc, boxes, widths, heights, anchors, shapes, rb.errors), feed))
             return (encoded_batch(enc), anchors, shapes)
         if self.stage is not None:
             return (encoded_batch(enc), anchors, shapes, flips, *self.stage_feed(run.epoch, batch.positions))
@@ -370,6 +372,19 @@ class Core:
         if feed is None:
             raise StopIteration
         return feed
+
+    def stage_feed_job(self, epoch: int, positions: np.ndarray) -> Any:
+        """:meth:`stage_feed` as a future from the decode pool, drawn while the epoch thread waits on DALI and the
+        host finish (beside a training loop that holds the GIL, the draws' GIL hand-offs cost more than the draws);
+        computed here, done, where there is no pool."""
+        from concurrent.futures import Future
+
+        if not (self.closed or self.decode_pool is None or self.decode_pool_pid != os.getpid()):
+            with contextlib.suppress(RuntimeError):  # closed meanwhile: drawn here
+                return self.decode_pool.submit(self.stage_feed, epoch, np.array(positions))
+        done: Future = Future()
+        done.set_result(self.stage_feed(epoch, positions))
+        return done
 
     def stage_feed(self, epoch: int, positions: np.ndarray) -> list:
         """The augmentation stage's inputs for one batch (:meth:`fastload.augment.stage.GraphStage.feed`)."""

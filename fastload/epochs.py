@@ -103,7 +103,7 @@ class EpochRun:
             self._plan = follow(batches, ra.ahead, hold=ra.depth + 2, **node_plan(core.plan, epoch, start))
         self._inflight: collections.deque[Batch] = collections.deque()
         self.read_buffer: np.ndarray | None = None  # Dataset.read_batch's, reused by DALI's callback
-        self.flips: collections.deque[tuple[np.ndarray, dict]] = collections.deque()  # host_finish: flips, reduced-scale jobs
+        self.flips: collections.deque[tuple[np.ndarray, dict, Any]] = collections.deque()  # host_finish: flips, reduced-scale jobs, stage feed
         self.errors: dict[int, LoaderError] = {}  # batch number -> the error to raise at its turn
         self._queue: queue.Queue = queue.Queue(maxsize=core.prefetch)
         self._stop = threading.Event()
@@ -192,16 +192,12 @@ class EpochRun:
 
     def _finished_on_host(self, tl, batch: Batch, labels_np: np.ndarray):
         """A CPU training batch: DALI's decoded crops resized, flipped and normalised on the host."""
-        from concurrent.futures import wait as futures_wait
-
         core = self.core
-        flips, jobs = self.flips.popleft()
+        flips, jobs, feed = self.flips.popleft()
         finished = {}
         for k, job in jobs.items():  # reduced-scale decodes, in the pool since DALI asked for the batch
-            while not job.done():  # never blocked for good: a finaliser closing this run may hold the pool's thread
-                if self._stop.is_set():
-                    return None  # stopping: nothing is handed on
-                futures_wait((job,), timeout=0.05)
+            if not self._awaited(job):
+                return None  # stopping: nothing is handed on
             try:
                 finished[k] = job.result()
             except Exception as e:  # noqa: BLE001 - named with its sample, as DALI's failures are
@@ -215,8 +211,21 @@ class EpochRun:
             interpolation=core.interpolation,
         )  # fmt: skip
         if staged:  # its stage graph runs while the next batch is decoded and finished (see _produce)
-            return _Staged(images.permute(0, 2, 3, 1).numpy(), core.stage_feed(self.epoch, batch.positions), batch, labels_np)
+            if not self._awaited(feed):  # the stage's inputs, drawn in the pool (Core.stage_feed_job)
+                return None
+            return _Staged(images.permute(0, 2, 3, 1).numpy(), feed.result(), batch, labels_np)
         return images, torch.from_numpy(labels_np), None
+
+    def _awaited(self, job: Any) -> bool:
+        """Wait for a pool future; False when this run stops first (never blocked for good: a finaliser closing
+        this run may hold the pool's thread)."""
+        from concurrent.futures import wait as futures_wait
+
+        while not job.done():
+            if self._stop.is_set():
+                return False
+            futures_wait((job,), timeout=0.05)
+        return True
 
     def _to_torch(self, dali_tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """A dense DALI batch as the loader's torch tensor (NCHW, or its channels-last view), on its side stream;

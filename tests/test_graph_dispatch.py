@@ -210,3 +210,36 @@ def test_every_input_fed_to_the_graph_is_used(many, transform):
             x, _ = next(iter(ld))
     assert x.shape[0] == 8
     assert not [str(w.message) for w in seen if "is not used" in str(w.message)]
+
+
+def test_the_stage_inputs_are_drawn_in_the_pool_not_the_epoch_thread(many, monkeypatch):
+    """Beside a training loop that holds the GIL, each GIL hand-off of the draws costs the epoch thread a switch
+    interval: they run in the decode pool while that thread waits on DALI and the host finish. Kills: the draws
+    moved back into the epoch thread (``Core.stage_feed_job`` computing in place)."""
+    from fastload.core import Core
+
+    where: list[str] = []
+    draw = Core.stage_feed
+
+    def spied(self, epoch, positions):
+        where.append(threading.current_thread().name)
+        return draw(self, epoch, positions)
+
+    monkeypatch.setattr(Core, "stage_feed", spied)
+    with fastload.FastLoader(many, 8, device="cpu", seed=5, num_threads=2, transform=_ta_wide()) as ld:
+        n = sum(len(y) for _, y in ld)
+    assert n == 136 and len(where) == 17
+    assert all(name.startswith("fastload-decode") for name in where), where
+
+
+def test_a_failed_draw_in_the_pool_reaches_the_consumer(many, monkeypatch):
+    """A draw that raises in the pool ends the epoch with an error naming it: no hang, no batch without its inputs."""
+    from fastload.core import Core
+
+    def broken(self, epoch, positions):
+        raise ValueError("draw broke at epoch %d" % epoch)
+
+    monkeypatch.setattr(Core, "stage_feed", broken)
+    with fastload.FastLoader(many, 8, device="cpu", seed=5, num_threads=2, transform=_ta_wide()) as ld:
+        with pytest.raises(fastload.FastloadError, match="draw broke at epoch 0"):
+            next(iter(ld))
