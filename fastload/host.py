@@ -54,10 +54,12 @@ def finish_crops(
     ``crop``x``crop``, unflipped, e.g. from :func:`reduced_crop`): those are taken as they
     are and ``crops[i]`` is not read there.
 
-    pillow-simd's SIMD bilinear resize (antialiased, the filter torchvision's PIL path
-    uses) and NumPy, single-threaded and GIL-free, so this thread never competes with
-    DALI's workers through a second thread pool. The arithmetic is torchvision's
-    ``ToTensor`` + ``Normalize`` in float32: ``x * (1 / (255 std)) - mean / std``.
+    Bilinear and bicubic (:data:`TORCH_MODES`) go through one TorchScript call for the whole
+    batch (:func:`batch_finish`: torch's uint8 antialiased resize, pillow-simd's pixels), GIL-free
+    and, in the loader's thread, on one torch thread, so it never competes with DALI's workers
+    through a second pool; ``mean=None`` keeps uint8 (the stage graph normalises). The
+    arithmetic is torchvision's ``ToTensor`` + ``Normalize`` in float32:
+    ``x * (1 / (255 std)) - mean / std``. Nearest and lanczos use pillow-simd and NumPy:
 
     Small outputs (at most :data:`SMALL_CROP_BYTES`) are finished :data:`CHUNK` images at a
     time: each is resized through PIL's C image calls straight into a cell of one array
