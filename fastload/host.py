@@ -188,6 +188,18 @@ def _finish_batch(flat: torch.Tensor, shapes: torch.Tensor, starts: torch.Tensor
 
 
 _SCRIPT: list = []  # [the compiled _finish_batch or None] once tried
+_SCRIPTING: list = []  # [True] once this process began to compile it
+
+
+def _after_fork_in_child() -> None:
+    """A forked child: a thread of the parent may have held a lock at the fork that no thread here will release.
+    This module's lock is made anew, and the compiled finish is not used once the parent began to compile it (a
+    child's epoch thread that called it hung in it, inside TorchScript's executor: measured, under load): the PIL
+    paths, the same pixels."""
+    global _CORE_LOCK
+    _CORE_LOCK = threading.Lock()
+    if _SCRIPTING:
+        _SCRIPT[:] = [None]
 
 
 def batch_finish() -> Callable[..., None] | None:
@@ -200,6 +212,7 @@ def batch_finish() -> Callable[..., None] | None:
     """
     with _CORE_LOCK:
         if not _SCRIPT:
+            _SCRIPTING.append(True)
             try:
                 with warnings.catch_warnings():  # torch.jit.script says it is deprecated; it is what runs GIL-free
                     warnings.simplefilter("ignore")
@@ -286,6 +299,7 @@ _BILINEAR = 2  # PIL.Image.Resampling.BILINEAR
 PIL_FILTERS = {"nearest": 0, "bilinear": 2, "bicubic": 3, "lanczos": 1}
 _CORE: list = []  # [ops or None] once checked
 _CORE_LOCK = threading.Lock()
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def core_ops() -> tuple[Callable[..., Any], Callable[..., Any]] | None:

@@ -426,3 +426,36 @@ def test_a_target_transform_returning_0d_tensors_still_works(pixel_dataset):
     with FastLoader(pixel_dataset.packed, 24, device="cpu", crop=8, shuffle=False, target_transform=lambda c: torch.tensor(c + 10)) as ld:
         _, y = next(iter(ld))
     assert y.tolist() == [c + 10 for c in pixel_dataset.labels]
+
+
+def test_a_forked_child_finishes_on_the_pil_path_with_the_same_pixels(tmp_path):
+    """A thread of the parent inside the compiled finish at the fork holds its executor's lock in the child for good
+    (a child's epoch thread hung there under load): after a fork the child never calls the parent's compiled
+    function, and its PIL path gives the same batch. Kills: the fork hook dropped (the child gets the compiled one)."""
+    out = tmp_path / "child.npy"
+    r = _run(f"""
+        import os, sys
+        import numpy as np, torch
+        from fastload import host
+        rng = np.random.default_rng(3)
+        crops = [rng.integers(0, 256, (int(h), int(w), 3), dtype=np.uint8) for h, w in rng.integers(20, 90, (6, 2))]
+        flips = np.array([0, 1, 0, 1, 1, 0], dtype=bool)
+        kw = dict(crop=32, mean=(0.5, 0.4, 0.3), std=(0.2, 0.3, 0.25), dtype=torch.float32, channels_last=False, interpolation="bicubic")
+        assert host.batch_finish() is not None
+        parent = host.finish_crops(crops, flips, **kw).numpy()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                assert host.batch_finish() is None
+                np.save({str(out)!r}, host.finish_crops(crops, flips, **kw).numpy())
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        assert host.batch_finish() is not None
+        assert np.array_equal(np.load({str(out)!r}), parent)
+        print("same")
+    """)
+    assert r.returncode == 0 and r.stdout.strip() == "same", r.stderr[-2000:]
