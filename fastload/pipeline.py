@@ -354,7 +354,7 @@ def build_views_pipeline(spec: GraphSpec, source: Callable[[], tuple], *, build:
         layouts += ["", "", "", *lay]
 
     @dali.pipeline_def(batch_size=spec.batch_size, num_threads=graph_threads(spec), device_id=spec.device_id,
-                       prefetch_queue_depth=spec.prefetch, seed=0,
+                       prefetch_queue_depth=spec.prefetch, seed=0, exec_dynamic=True,
                        enable_conditionals=any(v.stage is not None for v in spec.views))  # fmt: skip
     def graph():
         enc, *rest = fn.external_source(source=source, num_outputs=len(dtypes), batch=True, dtype=dtypes, ndim=ndims,
@@ -403,6 +403,7 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple], *, build: bool 
         device_id=spec.device_id,
         prefetch_queue_depth=spec.prefetch,
         seed=0,
+        exec_dynamic=True,  # reference-counted outputs: shared with torch without a copy (EpochRun._to_torch)
         enable_conditionals=staged,
     )
     def graph():
@@ -463,7 +464,7 @@ def build_augment_pipeline(spec: GraphSpec, source: Callable[[], tuple], *, buil
     dts, nds, lays = _stage_inputs(spec)
 
     @dali.pipeline_def(batch_size=spec.batch_size, num_threads=graph_threads(spec), device_id=None, prefetch_queue_depth=1,
-                       exec_async=True, exec_pipelined=True, seed=0, enable_conditionals=True)  # fmt: skip
+                       exec_async=True, exec_pipelined=True, exec_dynamic=True, seed=0, enable_conditionals=True)  # fmt: skip
     def graph():
         img, *inputs = fn.external_source(source=source, num_outputs=1 + len(dts), batch=True,
                                           dtype=[types.UINT8, *dts], ndim=[3, *nds], layout=["HWC", *lays])  # fmt: skip
