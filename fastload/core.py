@@ -148,8 +148,8 @@ class Core:
         # CPU training crops are resized (and flipped) on the host, in one GIL-free call per batch
         # (fastload.host.finish_crops: torch's port of pillow-simd's resize, PIL's pixels, 7x cheaper than
         # DALI's CPU resize); then normalised there, or, when augmented, through the stage's own CPU graph
-        self.host_finish = self.device.type == "cpu" and self.train and augment.pad_crop is None and self.views is None
-        self.augment_pipe: Any = None  # host_finish with a stage: the stage's CPU graph (build_augment_pipeline)
+        self.host_finish = self.device.type == "cpu" and self.train and augment.pad_crop is None
+        self.augment_pipe: Any = None  # host_finish with a stage or views: the stage's CPU graph (build_augment_pipeline)
         self.augment_feed: tuple | None = None  # its next batch (augment_source)
         self.pads = (0, 0, 0, 0)  # what the graph pads a RandomCrop's image by (its non-constant modes)
         if augment.pad_crop is not None and augment.pad_crop.mode != "constant":
@@ -196,7 +196,7 @@ class Core:
         st = self.dataset.manifest.stats if isinstance(self.dataset.manifest.stats, dict) else {}
         sides = [st.get(k, {}).get("max") if isinstance(st.get(k), dict) else None for k in ("width", "height")]
         # an augmented recipe's pool also draws each batch's stage inputs (stage_feed_job), off the epoch thread
-        if self.stage is not None or all(v is None or v >= REDUCED_SCALE_RATIO * self.crop for v in sides):
+        if self.stage is not None or self.views is not None or all(v is None or v >= REDUCED_SCALE_RATIO * self.crop for v in sides):
             self.decode_pool, self.decode_pool_pid = DecodePool(self.num_threads), os.getpid()
 
     def stop(self, why: str) -> None:
@@ -276,7 +276,7 @@ class Core:
         # CPU pipeline of N threads starts 2N + 3; the epoch thread and a margin on top)
         probe(2 * self.num_threads + 8, what=f"the DALI pipeline ({self.num_threads} CPU threads)")
         try:
-            if self.host_finish and self.stage is not None:
+            if self.host_finish and (self.stage is not None or self.views is not None):
                 self.augment_pipe = build_augment_pipeline(spec, self.augment_source)
             return build_pipeline(spec, self.source)
         except FastloadError:
@@ -312,6 +312,10 @@ class Core:
             sizes, corners = eval_params(widths, heights, resize=self.resize, crop=self.crop)
             self._refuse_huge_resizes(run, batch, enc, widths, heights, sizes, corners)
             return (encoded_batch(enc), sizes, corners)
+        if self.views is not None and self.host_finish:  # the windows to DALI; flips and stage inputs to the host
+            windows, flips = self._views_windows(run.epoch, batch.positions, widths, heights)
+            run.flips.append((flips, {}, self.stage_feed_job(run.epoch, batch.positions)))
+            return (encoded_batch(enc), *windows)
         if self.views is not None:
             return (encoded_batch(enc), *self._views_feed(run.epoch, batch.positions, widths, heights))
         a = self.augment
@@ -353,18 +357,32 @@ class Core:
             return (encoded_batch(enc), corners, shapes, flips, *self.stage_feed(run.epoch, batch.positions))
         return (encoded_batch(enc), corners, shapes, flips)
 
+    def _view_boxes(self, v: int, epoch: int, positions: np.ndarray, widths: np.ndarray, heights: np.ndarray) -> tuple:
+        """View ``v``'s crop windows (anchors ``[n, 2]``, shapes ``[n, 2]``) and flips, drawn from its own seed."""
+        a = self.views[v]
+        boxes, flips = train_params(widths, heights, seed=view_seed(self.seed, v), epoch=epoch, positions=positions,
+                                    scale=a.scale, ratio=a.ratio, flip=a.flip)  # fmt: skip
+        return np.ascontiguousarray(boxes[:, :2]), np.ascontiguousarray(boxes[:, 2:]), flips
+
     def _views_feed(self, epoch: int, positions: np.ndarray, widths: np.ndarray, heights: np.ndarray) -> list:
         """Per view: its crop windows, flips and stage inputs, drawn from its own seed (view 0's: the loader's)."""
         out: list = []
         layout = "HWC" if self.channels_last else "CHW"
-        for v, (a, stage) in enumerate(zip(self.views, self.stages)):
-            seed = view_seed(self.seed, v)
-            boxes, flips = train_params(widths, heights, seed=seed, epoch=epoch, positions=positions, scale=a.scale,
-                                        ratio=a.ratio, flip=a.flip)  # fmt: skip
-            out += [np.ascontiguousarray(boxes[:, :2]), np.ascontiguousarray(boxes[:, 2:]), flips]
+        for v, stage in enumerate(self.stages):
+            out += self._view_boxes(v, epoch, positions, widths, heights)
             if stage is not None:
-                out += stage.feed(seed=seed, epoch=epoch, positions=positions, layout=layout)
+                out += stage.feed(seed=view_seed(self.seed, v), epoch=epoch, positions=positions, layout=layout)
         return out
+
+    def _views_windows(self, epoch: int, positions: np.ndarray, widths: np.ndarray, heights: np.ndarray) -> tuple:
+        """For the host finish: every view's windows (anchors, shapes, in view order) and its flips (one array each)."""
+        windows: list = []
+        flips: list = []
+        for v in range(len(self.views)):
+            anchors, shapes, f = self._view_boxes(v, epoch, positions, widths, heights)
+            windows += [anchors, shapes]
+            flips.append(f)
+        return windows, flips
 
     def augment_source(self) -> tuple:
         """The stage graph's callback: the host-finished batch the epoch thread set before its ``run()``."""
@@ -387,8 +405,13 @@ class Core:
         return done
 
     def stage_feed(self, epoch: int, positions: np.ndarray) -> list:
-        """The augmentation stage's inputs for one batch (:meth:`fastload.augment.stage.GraphStage.feed`)."""
-        return self.stage.feed(seed=self.seed, epoch=epoch, positions=positions, layout="HWC" if self.channels_last else "CHW")
+        """The augmentation stage's inputs for one batch (:meth:`fastload.augment.stage.GraphStage.feed`); for views,
+        one list per view (empty for a view without a stage), each drawn from the view's seed."""
+        layout = "HWC" if self.channels_last else "CHW"
+        if self.views is not None:
+            return [[] if st is None else st.feed(seed=view_seed(self.seed, v), epoch=epoch, positions=positions, layout=layout)
+                    for v, st in enumerate(self.stages)]  # fmt: skip
+        return self.stage.feed(seed=self.seed, epoch=epoch, positions=positions, layout=layout)
 
     def _refuse_huge_resizes(self, run: Any, batch: Any, enc: list, widths, heights, sizes, corners) -> None:
         """Evaluation resizes of more than :data:`MAX_RESIZE_PIXELS` fail alone, named, at their turn.
@@ -425,7 +448,9 @@ class Core:
             return jobs  # a reduced-scale decode averages pixels, where nearest neighbour must pick them
         scales = reduced_scales(boxes, widths, heights, crop=self.crop)
         scales[list(failed)] = 1  # unreadable: a placeholder already, its error raised at its turn
-        big = np.flatnonzero(scales > 1).tolist()
+        # only a JPEG decodes at reduced scale: any other payload would be decoded whole in the pool, and PIL's
+        # resize of its window would read pixels beyond it at the edges (torchvision crops first)
+        big = [k for k in np.flatnonzero(scales > 1).tolist() if bytes(enc[k][:2]) == b"\xff\xd8"]
         if not big:
             return jobs
         interp = {} if self.interpolation == "bilinear" else {"interpolation": self.interpolation}

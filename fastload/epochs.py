@@ -73,10 +73,10 @@ def _crops(tl: Any) -> Any:
 
 @dataclasses.dataclass
 class _Staged:
-    """A CPU training batch finished on the host, for the stage graph: uint8 NHWC ``crops``, the stage's ``feed``."""
+    """A CPU training batch finished on the host, for the stage graph: its ``inputs`` (uint8 NHWC crops then the
+    stage's feed; per view, for a multi-view transform), its batch and labels."""
 
-    crops: np.ndarray
-    feed: list
+    inputs: tuple
     batch: Batch
     labels: np.ndarray
 
@@ -151,7 +151,7 @@ class EpochRun:
                 item = self._convert(outs if core.views is not None else outs[0], batch)
                 if isinstance(item, _Staged):
                     self._collect(staged)
-                    core.augment_feed = (item.crops, *item.feed)
+                    core.augment_feed = item.inputs
                     core.augment_pipe.schedule_run()  # DALI's threads augment it while the loop goes on
                     staged = item
                     continue
@@ -185,15 +185,22 @@ class EpochRun:
         """Wait for the stage graph's batch ``staged`` (if any) and hand it on (``put``) or drop it; returns None."""
         if staged is None:
             return None
-        (out,) = self.core.augment_pipe.outputs()
+        outs = self.core.augment_pipe.outputs()
         if put:
-            self._hand_on((self._to_torch(out.as_tensor()), torch.from_numpy(staged.labels), None), staged.batch)
+            views = self.core.views
+            if views is None:
+                images = self._to_torch(outs[0].as_tensor())
+            else:
+                images = [self._to_torch(t.as_tensor(), a.out_dtype) for t, a in zip(outs, views)]
+            self._hand_on((images, torch.from_numpy(staged.labels), None), staged.batch)
         return None
 
     def _finished_on_host(self, tl, batch: Batch, labels_np: np.ndarray):
         """A CPU training batch: DALI's decoded crops resized, flipped and normalised on the host."""
         core = self.core
         flips, jobs, feed = self.flips.popleft()
+        if core.views is not None:
+            return self._views_on_host(tl, flips, feed, batch, labels_np)
         finished = {}
         for k, job in jobs.items():  # reduced-scale decodes, in the pool since DALI asked for the batch
             if not self._awaited(job):
@@ -213,8 +220,20 @@ class EpochRun:
         if staged:  # its stage graph runs while the next batch is decoded and finished (see _produce)
             if not self._awaited(feed):  # the stage's inputs, drawn in the pool (Core.stage_feed_job)
                 return None
-            return _Staged(images.permute(0, 2, 3, 1).numpy(), feed.result(), batch, labels_np)
+            return _Staged((images.permute(0, 2, 3, 1).numpy(), *feed.result()), batch, labels_np)
         return images, torch.from_numpy(labels_np), None
+
+    def _views_on_host(self, tls: list, flips: list, feed: Any, batch: Batch, labels_np: np.ndarray) -> _Staged | None:
+        """A multi-view CPU training batch: each view's windows resized and flipped on the host (uint8 NHWC), for
+        the stage graph, which augments and normalises every view."""
+        inputs: list = []
+        for tl, f, a in zip(tls, flips, self.core.views):
+            images = finish_crops(_crops(tl), f, crop=a.crop, mean=None, std=None, dtype=torch.uint8, channels_last=True,
+                                  interpolation=a.interpolation)  # fmt: skip
+            inputs.append(images.permute(0, 2, 3, 1).numpy())
+        if not self._awaited(feed):  # the views' stage inputs, drawn in the pool
+            return None
+        return _Staged(tuple(x for img, fed in zip(inputs, feed.result()) for x in (img, *fed)), batch, labels_np)
 
     def _awaited(self, job: Any) -> bool:
         """Wait for a pool future; False when this run stops first (never blocked for good: a finaliser closing

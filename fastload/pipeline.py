@@ -15,7 +15,9 @@ itself (see ``fastload.host.finish_crops``), one GIL-free call per batch. Augmen
 through the stage's own CPU graph (:func:`build_augment_pipeline`: the stage's operations, the
 normalisation, the erasing: on a GPU the same operators follow the resize in one graph).
 A multi-view transform's graph (:func:`build_views_pipeline`) decodes each image once, whole, and
-cuts, resizes, flips, augments and normalises each view from it, one output per view.
+cuts, resizes, flips, augments and normalises each view from it, one output per view; on the CPU it
+stops at each view's window, and the views are finished on the host and augmented by the stage graph,
+as single crops are.
 
 Every decoder runs with ``adjust_orientation=False``: ``fastload pack`` stores payloads
 upright (EXIF orientation applied, the record header giving the upright size), so a payload
@@ -341,27 +343,37 @@ def build_views_pipeline(spec: GraphSpec, source: Callable[[], tuple], *, build:
     """The graph of a multi-view transform (``spec.views``): each image decoded once, whole, then per view its own
     window cut out and finished as :func:`_view` does. ``source()`` returns ``(encoded uint8 arrays, *per view: anchors
     float32 [x, y], shapes float32 [w, h], flips int32, the view's stage inputs)``; the pipeline has one output per view.
+    With ``spec.host_finish`` (training on the CPU) the graph stops at the windows: ``source()`` gives ``(encoded,
+    *per view: anchors, shapes)`` and each output is a view's uint8 HWC windows, finished on the host and then
+    augmented and normalised by :func:`build_augment_pipeline`.
     ``build=False``: the pipeline as defined, not built (see :func:`build_pipeline`).
     """
     dali, fn, types = import_dali()
     gpu = spec.device_id is not None
     op_device = "gpu" if gpu else "cpu"
-    kinds = [_stage_inputs(v) if v.stage is not None else ([], [], []) for v in spec.views]
+    windows = spec.host_finish and not gpu
+    kinds = [_stage_inputs(v) if v.stage is not None and not windows else ([], [], []) for v in spec.views]
     dtypes, ndims, layouts = [types.UINT8], [1], [""]
+    per_view = [types.FLOAT, types.FLOAT] if windows else [types.FLOAT, types.FLOAT, types.INT32]
     for d, n, lay in kinds:
-        dtypes += [types.FLOAT, types.FLOAT, types.INT32, *d]
-        ndims += [1, 1, 0, *n]
-        layouts += ["", "", "", *lay]
+        dtypes += [*per_view, *d]
+        ndims += [1, 1, 0][: len(per_view)] + list(n)
+        layouts += ["", "", ""][: len(per_view)] + list(lay)
 
     @dali.pipeline_def(batch_size=spec.batch_size, num_threads=graph_threads(spec), device_id=spec.device_id,
                        prefetch_queue_depth=spec.prefetch, seed=0, exec_dynamic=True,
-                       enable_conditionals=any(v.stage is not None for v in spec.views))  # fmt: skip
+                       enable_conditionals=not windows and any(v.stage is not None for v in spec.views))  # fmt: skip
     def graph():
         enc, *rest = fn.external_source(source=source, num_outputs=len(dtypes), batch=True, dtype=dtypes, ndim=ndims,
                                         layout=layouts)  # fmt: skip
         img = fn.decoders.image(enc, device="mixed" if gpu else "cpu", **decoder_args(spec))
         outs, i = [], 0
         for view, (d, _, _) in zip(spec.views, kinds):
+            if windows:
+                anchor, shape = rest[i : i + 2]
+                i += 2
+                outs.append(fn.slice(img, anchor, shape, axis_names="WH", normalized_anchor=False, normalized_shape=False))
+                continue
             anchor, shape, flip, *inputs = rest[i : i + 3 + len(d)]
             i += 3 + len(d)
             outs.append(_view(view, img, anchor, shape, flip, inputs, op_device))
@@ -459,16 +471,33 @@ def build_augment_pipeline(spec: GraphSpec, source: Callable[[], tuple], *, buil
     ``source()`` gives one batch, the uint8 NHWC crops (resized and flipped) then the stage's inputs (its
     feed, in order); DALI calls it in ``schedule_run()``, in the caller's thread, and runs the batch in its
     own threads until ``outputs()`` (one batch in flight: the caller finishes the next one meanwhile). Its
-    operators, normalisation and erasing are the ones the GPU graph runs after its resize (:func:`_augmented`)."""
+    operators, normalisation and erasing are the ones the GPU graph runs after its resize (:func:`_augmented`).
+    A multi-view ``spec.views``: per view, its crops then its stage's inputs (none for a view without a stage,
+    which is normalised only), one output per view."""
     dali, fn, types = import_dali()
-    dts, nds, lays = _stage_inputs(spec)
+    views = spec.views or (spec,)
+    kinds = [_stage_inputs(v) if v.stage is not None else ([], [], []) for v in views]
+    dtypes, ndims, layouts = [], [], []
+    for d, n, lay in kinds:
+        dtypes += [types.UINT8, *d]
+        ndims += [3, *n]
+        layouts += ["HWC", *lay]
 
     @dali.pipeline_def(batch_size=spec.batch_size, num_threads=graph_threads(spec), device_id=None, prefetch_queue_depth=1,
-                       exec_async=True, exec_pipelined=True, exec_dynamic=True, seed=0, enable_conditionals=True)  # fmt: skip
+                       exec_async=True, exec_pipelined=True, exec_dynamic=True, seed=0,
+                       enable_conditionals=any(v.stage is not None for v in views))  # fmt: skip
     def graph():
-        img, *inputs = fn.external_source(source=source, num_outputs=1 + len(dts), batch=True,
-                                          dtype=[types.UINT8, *dts], ndim=[3, *nds], layout=["HWC", *lays])  # fmt: skip
-        return _augmented(spec, img, inputs, "cpu")
+        rest = fn.external_source(source=source, num_outputs=len(dtypes), batch=True, dtype=dtypes, ndim=ndims,
+                                  layout=layouts)  # fmt: skip
+        outs, i = [], 0
+        for view, (d, _, _) in zip(views, kinds):
+            img, *inputs = rest[i : i + 1 + len(d)]
+            i += 1 + len(d)
+            if view.stage is not None:
+                outs.append(_augmented(view, img, inputs, "cpu"))
+            else:
+                outs.append(fn.crop_mirror_normalize(img, device="cpu", **_normalise_kw(view)))
+        return tuple(outs)
 
     pipe = graph()
     if build:

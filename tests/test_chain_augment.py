@@ -208,3 +208,45 @@ def test_timms_to_numpy_is_read_as_pil_to_tensor(pixel_dataset):
     assert a == b and a.mean is None
     sample = ToNumpy()(Image.new("RGB", (5, 4), (1, 2, 3)))
     assert sample.dtype == np.uint8 and sample.shape == (3, 4, 5)  # what the translation assumes of it
+
+
+
+#: Chains whose stages have one operation (the jitter, the blur), a choice of groups, and groups of two.
+CHAINS = {
+    "dino-like": lambda: [T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8), T.RandomGrayscale(0.2),
+                          T.RandomApply([T.GaussianBlur(3, (0.1, 2.0))], p=0.5), T.RandomSolarize(128, p=0.2)],
+    "choice-then-pair": lambda: [T.RandomChoice([T.RandomSolarize(100, p=1.0), T.RandomEqualize(1.0)]),
+                                 T.RandomApply([T.RandomInvert(1.0), T.RandomPosterize(3, p=1.0)], p=0.5)],
+    "pair-then-one": lambda: [T.RandomApply([T.RandomAutocontrast(1.0), T.RandomAdjustSharpness(2.0, 1.0)], p=0.6),
+                              T.RandomInvert(0.3)],
+}
+
+
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_a_chains_fixed_plan_is_its_packed_plan_with_each_operation_at_its_stages_step(name):
+    """``plan(..., fixed=True)`` (what the graph is fed) holds the packed plan's operations, in its order, each at a
+    position whose step table (``GraphStage.tables``) has it and nothing from another stage; a position's table is
+    built from the stage's groups alone (the graph builds each operation only into the steps that can draw it)."""
+    from fastload.augment.policies import chain_positions
+    from fastload.augment.stage import GraphStage
+
+    augment = translate(T.Compose([T.RandomResizedCrop(24), *CHAINS[name](), T.PILToTensor()]))
+    policy = augment.policy
+    positions = np.arange(400)
+    packed = plan(policy, seed=7, epoch=2, positions=positions)
+    fixed = plan(policy, seed=7, epoch=2, positions=positions, fixed=True)
+    allowed = chain_positions(policy)
+    assert len(allowed) == sum(max(len(g) for g in st.groups) for st in policy.stages)
+    for p, f in zip(packed, fixed):
+        assert len(f) == len(allowed)
+        assert [s for s in f if s is not None] == p
+        assert all(s is None or s[0] in allowed[j] for j, s in enumerate(f))
+    assert any(s is None for f in fixed for s in f) and any(all(s is not None for s in f) for f in fixed)
+    stage = GraphStage(augment)
+    assert len(stage.tables) == len(allowed)
+    for j, table in enumerate(stage.tables):
+        assert table[0] == 0 and {stage.ops[i].name for i in table[1:]} == allowed[j]
+    idx = stage.feed(seed=7, epoch=2, positions=positions, layout="CHW")[0]
+    for k, f in enumerate(fixed):  # each sample's fed index, through its step's table, is its planned operation
+        got = [stage.ops[stage.tables[j][int(idx[k, j])]].name for j in range(len(allowed))]
+        assert got == [("Identity" if s is None else s[0]) for s in f]

@@ -303,10 +303,9 @@ def test_each_views_settings_are_its_own_transforms(noise_root):
 
 # ----------------------------------------------------------------------------- draws per view
 def test_views_of_one_image_differ_and_view_0_is_a_one_view_loaders(noise_root, cache):
-    """View 0 draws what a one-view loader with the same seed draws; view 1 draws its own (different pixels on
-    every image of the epoch). The one-view loader resizes on the host with PIL's kernel, the views' graph with
-    DALI's: on this noise the same draws differ by about half a level on average (36 at most, at 20 px), other
-    draws by tens of levels on every image, so each image's mean difference tells them apart."""
+    """View 0 draws what a one-view loader with the same seed draws, pixel for pixel (on the CPU both resize on the
+    host with PIL's kernel and augment in the same stage graph); view 1 draws its own (different pixels on every
+    image of the epoch)."""
     base = transforms.Compose([transforms.RandomResizedCrop(20), transforms.RandomHorizontalFlip(),
                                transforms.RandomApply([transforms.ColorJitter(0.4, 0.4, 0.4)], p=0.8), transforms.ToTensor()])  # fmt: skip
     ds = ImageFolder(str(noise_root), transform=TwoCropsTransform(base))
@@ -314,9 +313,29 @@ def test_views_of_one_image_differ_and_view_0_is_a_one_view_loaders(noise_root, 
         views = [torch.cat(x) for x in zip(*[v for v, _ in multi])]
     with _fast(ImageFolder(str(noise_root), transform=base), cache, batch_size=6, seed=9) as one:
         single = torch.cat([x for x, _ in one])
-    assert ((views[0] - single).abs().flatten(1).mean(1) <= 2 / 255).all()
+    assert torch.equal(views[0], single)
     assert ((views[1] - single).abs().flatten(1).mean(1) > 10 / 255).all()
     assert ((views[0] - views[1]).abs().flatten(1).amax(1) > 0.1).all()
+
+
+@pytest.mark.parametrize("device_seed", [9, 2**40 + 3])
+def test_every_view_is_a_one_view_loader_of_its_transform_at_the_views_seed(noise_root, cache, device_seed):
+    """DINO's multi-crop (two global views with their own blur and solarization, two local ones at 96 px): view
+    ``v`` is, pixel for pixel, what a one-view loader of that view's own transform gives with the seed
+    :func:`~fastload.augment.draws.view_seed` makes for ``v`` (an unshuffled epoch: the same positions). The views'
+    windows are resized on the host as single crops are, and their stages run in the same graph operations."""
+    from fastload.augment.draws import view_seed
+
+    dino = DataAugmentationDINO((0.4, 1.0), (0.05, 0.4), 2)
+    with _fast(ImageFolder(str(noise_root), transform=dino), cache, batch_size=5, seed=device_seed) as multi:
+        views = [torch.cat(x) for x in zip(*[v for v, _ in multi])]
+    own = [dino.global_transfo1, dino.global_transfo2, dino.local_transfo, dino.local_transfo]
+    assert [tuple(v.shape[1:]) for v in views] == [(3, 224, 224)] * 2 + [(3, 96, 96)] * 2
+    for v, t in enumerate(own):
+        with _fast(ImageFolder(str(noise_root), transform=t), cache, batch_size=5, seed=view_seed(device_seed, v)) as one:
+            single = torch.cat([x for x, _ in one])
+        assert torch.equal(views[v], single), f"view {v}: max {float((views[v] - single).abs().max())}"
+    assert not torch.equal(views[2], views[3])  # the two local views draw apart
 
 
 def _epoch_views(loader) -> list[torch.Tensor]:

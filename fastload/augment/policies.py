@@ -142,22 +142,38 @@ def _pick(u: float, weights: tuple[float, ...] | None, n: int) -> int:
     return min(int(np.searchsorted(cum, u * cum[-1], side="right")), n - 1)
 
 
-def _chain(policy: Policy, row: np.ndarray) -> list[tuple[str, tuple, str]]:
-    """One image's steps of a ``"chain"`` policy from its uniforms (per stage: gate, pick, then slots)."""
-    steps, i = [], 1
+def _chain(policy: Policy, row: np.ndarray, fixed: bool = False) -> list:
+    """One image's steps of a ``"chain"`` policy from its uniforms (per stage: gate, pick, then slots); ``fixed``: each
+    stage's operations at the stage's own positions (:func:`chain_positions`), None where nothing is done."""
+    steps: list = []
+    i = 1
     for stage in policy.stages:
         width = _width(stage)
         gate, pick, slots = row[i], row[i + 1], row[i + 2 : i + 2 + _PER_SLOT * width]
         i += 2 + _PER_SLOT * width
+        at = len(steps)
+        if fixed:
+            steps += [None] * max(len(g) for g in stage.groups)
         if stage.p < 1.0 and not gate <= stage.p:
             continue
         k = 0
-        for op in stage.groups[_pick(pick, stage.weights, len(stage.groups))]:
+        for j, op in enumerate(stage.groups[_pick(pick, stage.weights, len(stage.groups))]):
             s = _step(policy, op, slots[_PER_SLOT * k : _PER_SLOT * (k + _slots(op))])
             k += _slots(op)
-            if s is not None:
+            if fixed:
+                steps[at + j] = s
+            elif s is not None:
                 steps.append(s)
     return steps
+
+
+def chain_positions(policy: Policy) -> list[set[str]]:
+    """The operation names each position of a ``"chain"`` policy's fixed plan (``plan(..., fixed=True)``) can hold:
+    a stage's ``j``-th operation of any of its groups, at the stage's ``j``-th position."""
+    out: list[set[str]] = []
+    for stage in policy.stages:
+        out += [{g[j].name for g in stage.groups if j < len(g)} for j in range(max(len(g) for g in stage.groups))]
+    return out
 
 
 def _slots(op: Op) -> int:
@@ -170,13 +186,15 @@ def _width(stage: Stage) -> int:
     return max(sum(_slots(o) for o in g) for g in stage.groups)
 
 
-def plan(policy: Policy, *, seed: int, epoch: int, positions: np.ndarray) -> list[list[tuple[str, tuple, str]]]:
+def plan(policy: Policy, *, seed: int, epoch: int, positions: np.ndarray, fixed: bool = False) -> list[list]:
     """Per sample of ``positions``: the operations it gets, in order, as ``(name, args, interpolation)``.
 
     ``args`` are what the operation is called with: torchvision's one magnitude, or timm's
     level arguments (empty for AutoContrast, Equalize, Invert); GaussianBlur: its kernel and
     sigma; ColorJitter: its order and four factors. Skipped operations (their
-    probability not drawn) are left out; ``Identity`` is kept (it does nothing).
+    probability not drawn) are left out; ``Identity`` is kept (it does nothing). ``fixed``, for a
+    ``"chain"`` policy: every sample's list has one entry per position of :func:`chain_positions`, its
+    operation there or None (the same operations, in the same order, as the packed plan).
     """
     slots = policy.layers
     if policy.kind == "chain":
@@ -187,7 +205,7 @@ def plan(policy: Policy, *, seed: int, epoch: int, positions: np.ndarray) -> lis
     out: list[list[tuple[str, tuple, str]]] = []
     for row in u:
         if policy.kind == "chain":
-            out.append(_chain(policy, row))
+            out.append(_chain(policy, row, fixed))
             continue
         if policy.kind == "rand" and policy.weights is not None:  # np.random.choice(replace=False, p=weights)
             left = list(policy.weights)

@@ -100,24 +100,35 @@ class GraphStage:
         self.augment, self.crop = augment, augment.crop
         self.ops: list[GraphOp] = [identity("torchvision")]
         self._index: dict[tuple[str, str, str], int] = {}
-        self.steps = 0
+        self.tables: list[list[int]] = []  # per step, the indices into ops it can take (0, Identity, first)
         a = augment
         if a.trivial is not None:
             fill = _three(a.trivial.fill)
             self._trivial = np.array([self._add("torchvision", n, a.trivial.interpolation, fill) for n, *_ in TRIVIAL_OPS])
-            self.steps += 1
+            self.tables.append(sorted({0, *self._trivial.tolist()}))
         if a.policy is not None:
             lib, fill = a.policy.library, _three(a.policy.fill)
             for name in sorted(policy_names(a.policy)):
                 for interp in a.policy.interpolation:
                     self._add(lib, name, interp, fill)
-            self.steps += policy_steps(a.policy)
+            if a.policy.kind == "chain":  # each stage's operations at its own steps (plan(..., fixed=True))
+                from .policies import chain_positions
+
+                for names in chain_positions(a.policy):
+                    self.tables.append([0] + sorted(self._index[(lib, n, i)] for n in names for i in a.policy.interpolation))
+            else:
+                everything = [0] + sorted(self._index[(lib, n, i)] for n in policy_names(a.policy) for i in a.policy.interpolation)
+                self.tables += [everything] * policy_steps(a.policy)
         if a.jitter is not None:
-            self._add("torchvision", "ColorJitter", "bilinear", (0, 0, 0))
-            self.steps += 1
+            self.tables.append([0, self._add("torchvision", "ColorJitter", "bilinear", (0, 0, 0))])
         if a.grayscale > 0:
-            self._add("torchvision", "Grayscale", "bilinear", (0, 0, 0))
-            self.steps += 1
+            self.tables.append([0, self._add("torchvision", "Grayscale", "bilinear", (0, 0, 0))])
+        self.steps = len(self.tables)
+        # a step's select has the operations of its table only (a chain's jitter is not built into its blur's step):
+        # the feed gives each sample's position in its step's table (local[step][index into ops])
+        self._local = np.full((max(self.steps, 1), len(self.ops)), -1, dtype=np.int32)
+        for step, table in enumerate(self.tables):
+            self._local[step, table] = np.arange(len(table), dtype=np.int32)
         # the params input exists only where an operation reads it (DALI warns of a fed input nothing uses)
         self.with_params = self.steps > 0 and any(op.takes_params for op in self.ops)
         self._lead = (1 + self.with_params) if self.steps else 0  # the feed's inputs before the erasing's
@@ -169,8 +180,11 @@ class GraphStage:
             from .policies import plan
 
             lib = a.policy.library
-            for k, steps in enumerate(plan(a.policy, seed=seed, epoch=epoch, positions=positions)):
-                for j, (name, args, interp) in enumerate(steps):
+            for k, steps in enumerate(plan(a.policy, seed=seed, epoch=epoch, positions=positions, fixed=a.policy.kind == "chain")):
+                for j, step in enumerate(steps):
+                    if step is None:  # a chain's position where nothing is done
+                        continue
+                    name, args, interp = step
                     i = self._index[(lib, name, interp)]
                     idx[k, s + j], par[k, s + j] = i, self.ops[i].params(args)
             s += policy_steps(a.policy)
@@ -190,6 +204,10 @@ class GraphStage:
             if a.grayscale > 0:
                 idx[np.asarray(gray, dtype=bool), s] = self._index[("torchvision", "Grayscale", "bilinear")]
                 s += 1
+        if self.steps:
+            idx = self._local[np.arange(self.steps), idx]  # each step's index into its own table
+            if (idx < 0).any():  # (an invariant: tables and draws are made from the same settings)
+                raise AssertionError(f"an operation was drawn at a step whose table lacks it: {np.argwhere(idx < 0)[:3]}")
         return [idx, par][: self._lead] + self._erase_feed(seed, epoch, positions, layout)
 
     def _erase_feed(self, seed: int, epoch: int, positions: np.ndarray, layout: str) -> list:
@@ -222,7 +240,7 @@ class GraphStage:
         """Each sample's steps on the uint8 HWC ``img`` (``inputs``: all of :meth:`feed`'s, as graph nodes)."""
         if self.steps == 0:
             return img
-        return select_steps(self.ops, img, inputs[0], inputs[1] if self.with_params else None, self.steps)
+        return select_steps(self.ops, img, inputs[0], inputs[1] if self.with_params else None, self.steps, tables=self.tables)
 
     def erase(self, img: Any, inputs: Sequence[Any], *, layout: str, value: Sequence[float], dtype: Any) -> Any:
         """The erasing rectangles on the normalised ``img`` (in ``layout``, of DALI type ``dtype``); ``inputs``: all of
@@ -266,17 +284,19 @@ def _pasted(img: Any, anchor: Any, shape: Any, patch: Any, *, hw: list, dtype: A
     return fn.cast(zeroed + canvas, dtype=dtype)
 
 
-def select_steps(table: Sequence[GraphOp], img: Any, idx: Any, par: Any, steps: int) -> Any:
+def select_steps(table: Sequence[GraphOp], img: Any, idx: Any, par: Any, steps: int, *,
+                 tables: Sequence[Sequence[int]] | None = None) -> Any:  # fmt: skip
     """``steps`` rounds of DALI's conditional ``select``: in round ``s`` each sample gets ``table[idx[s]]`` with
     ``par[s]`` (``idx`` int32 ``[steps]`` and ``par`` float32 ``[steps, ARGS]`` per sample, or None where no operation of
-    ``table`` reads its params; needs ``enable_conditionals``)."""
-    if len(table) < 2:
-        return img
+    ``table`` reads its params; needs ``enable_conditionals``). ``tables``: round ``s`` selects among ``table``'s
+    operations ``tables[s]`` only, ``idx[s]`` indexing that list (default: all of ``table`` every round)."""
     from nvidia.dali.auto_aug.core import select
 
-    graphs = [op.graph for op in table]
     for s in range(steps):
-        img = select(graphs, idx[s], img, None if par is None else par[s])
+        ops = [table[i] for i in tables[s]] if tables is not None else list(table)
+        if len(ops) < 2:
+            continue
+        img = select([op.graph for op in ops], idx[s], img, None if par is None else par[s])
     return img
 
 
