@@ -1,7 +1,8 @@
 """The augmented batch path does per batch what it does whatever the batch size: its pixels are the graph's.
 
 DeiT's recipe (timm RandAugment ``rand-m9-mstd0.5-inc1``, bicubic, pixel-noise erasing) and
-torchvision's ``ta_wide`` recipe run through ``FastLoader`` at batch 8 and batch 128. In the
+torchvision's ``ta_wide`` recipe, and MoCo v2's two views (each view's windows finished on the host, one
+call per view), run through ``FastLoader`` at batch 8 and batch 128. In the
 producer thread, a ``TorchDispatchMode`` records every torch operation of the first batch's
 conversion (the host finish, then the stage graph's output), and the per-image functions a Python
 loop would call (PIL's image operations, torchvision's functional transforms, timm's operations)
@@ -72,6 +73,21 @@ def _ta_wide():
                       T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD), T.RandomErasing(0.25)])  # fmt: skip
 
 
+class _TwoCrops:
+    """MoCo v2's ``TwoCropsTransform``: two views of one base transform."""
+
+    def __init__(self, base_transform):
+        self.base_transform = base_transform
+
+    def __call__(self, x):
+        return [self.base_transform(x), self.base_transform(x)]
+
+
+def _moco_v2():
+    return _TwoCrops(T.Compose([T.RandomResizedCrop(32, scale=(0.2, 1.0)), T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
+                                T.RandomGrayscale(p=0.2), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]))  # fmt: skip
+
+
 #: What a per-image Python loop over a batch would call: PIL's operations, torchvision's and timm's functions.
 WATCHED = [
     (Image.Image, "transform"), (Image.Image, "rotate"), (Image.Image, "filter"), (Image.Image, "point"),
@@ -129,14 +145,15 @@ def _first_batch(packed, batch: int, transform, monkeypatch) -> tuple[Recorder, 
     monkeypatch.setattr(EpochRun, "_collect", recorded(collect, "_collect"))
     with fastload.FastLoader(packed, batch, device="cpu", transform=transform, seed=5, num_threads=2) as ld:
         x, y = next(iter(ld))
-    assert x.shape == (batch, 3, 32, 32) and x.dtype == torch.float32
+    for view in x if isinstance(x, list) else [x]:  # a multi-view transform: one tensor per view
+        assert view.shape == (batch, 3, 32, 32) and view.dtype == torch.float32
     assert recording == ["_convert", "_collect"]  # the stage graph's batch was collected, and recorded
     assert inside.ops and all(d <= {"cpu"} for d in inside.devices)
-    assert sizes[0] == batch and set(sizes) <= {batch, 136 % batch}  # one call per batch, with all its crops
+    assert sizes[0] == batch and set(sizes) <= {batch, 136 % batch}  # one call per batch (and view), with all its crops
     return rec, calls
 
 
-@pytest.mark.parametrize("recipe", [_deit, _ta_wide], ids=["deit", "ta_wide"])
+@pytest.mark.parametrize("recipe", [_deit, _ta_wide, _moco_v2], ids=["deit", "ta_wide", "moco_v2"])
 def test_the_batch_path_dispatches_the_same_work_at_batch_8_and_128(many, recipe, monkeypatch):
     with monkeypatch.context() as m:
         small, small_calls = _first_batch(many, 8, recipe(), m)
