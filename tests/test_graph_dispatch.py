@@ -1,7 +1,7 @@
 """The augmented batch path does per batch what it does whatever the batch size: its pixels are the graph's.
 
-DeiT's recipe (timm RandAugment ``rand-m9-mstd0.5-inc1``, bicubic, pixel-noise erasing) and
-torchvision's ``ta_wide`` recipe, and MoCo v2's two views (each view's windows finished on the host, one
+DeiT's recipe (timm RandAugment ``rand-m9-mstd0.5-inc1``, bicubic, pixel-noise erasing),
+torchvision's ``ta_wide`` recipe and MoCo v2's two views (each view's windows finished on the host, one
 call per view), run through ``FastLoader`` at batch 8 and batch 128. In the
 producer thread, a ``TorchDispatchMode`` records every torch operation of the first batch's
 conversion (the host finish, then the stage graph's output), and the per-image functions a Python
