@@ -165,7 +165,10 @@ class Core:
         self.read_ahead = ReadAhead(self.dataset, threads=4, depth=max(2, self.prefetch + 2), evict=drop)
         self.decode_pool: Any = None  # fastload.host.DecodePool
         self.decode_pool_pid = 0
-        if self.host_finish:
+        # each training batch's stage inputs are drawn in the decode pool, a few batches before DALI asks for it
+        # (EpochRun.feeds): off the epoch thread, which on a GPU feeds DALI and on the CPU finishes the crops
+        self.draws_ahead = self.train and (self.stage is not None or self.views is not None)
+        if self.host_finish or self.draws_ahead:
             self._start_decode_pool()
         self.closed = False
         self.lock = threading.Lock()
@@ -178,11 +181,12 @@ class Core:
         return self.pid != os.getpid()
 
     def _start_decode_pool(self) -> None:
-        """CPU training crops far larger than the output are decoded at reduced scale from a pool.
+        """The pool that draws each augmented batch's stage inputs (``draws_ahead``, any device) and decodes CPU
+        training crops far larger than the output at reduced scale.
 
-        Only when the dataset's largest images are big enough for one. It takes DALI's decoding of
-        those samples over, so it has as many threads as DALI's CPU decoder (which decodes 16x16
-        placeholders for them meanwhile).
+        For the decodes, only when the dataset's largest images are big enough for one. They take DALI's
+        decoding of those samples over, so it has as many threads as DALI's CPU decoder (which decodes
+        16x16 placeholders for them meanwhile).
         """
         from PIL import Image
 
@@ -195,7 +199,7 @@ class Core:
         # collector, and so this core's finaliser, before start() returns to its starter.
         st = self.dataset.manifest.stats if isinstance(self.dataset.manifest.stats, dict) else {}
         sides = [st.get(k, {}).get("max") if isinstance(st.get(k), dict) else None for k in ("width", "height")]
-        # an augmented recipe's pool also draws each batch's stage inputs (stage_feed_job), off the epoch thread
+        # an augmented recipe's pool (on every device) also draws each batch's stage inputs (stage_feed_job)
         if self.stage is not None or self.views is not None or all(v is None or v >= REDUCED_SCALE_RATIO * self.crop for v in sides):
             self.decode_pool, self.decode_pool_pid = DecodePool(self.num_threads), os.getpid()
 
@@ -312,15 +316,16 @@ class Core:
             sizes, corners = eval_params(widths, heights, resize=self.resize, crop=self.crop)
             self._refuse_huge_resizes(run, batch, enc, widths, heights, sizes, corners)
             return (encoded_batch(enc), sizes, corners)
+        feed = run.feeds.pop(batch.number, None)  # its stage inputs' future (draws_ahead), else None
         if self.views is not None and self.host_finish:  # the windows to DALI; flips and stage inputs to the host
             windows, flips = self._views_windows(run.epoch, batch.positions, widths, heights)
-            run.flips.append((flips, {}, self.stage_feed_job(run.epoch, batch.positions)))
+            run.flips.append((flips, {}, feed))
             return (encoded_batch(enc), *windows)
         if self.views is not None:
-            return (encoded_batch(enc), *self._views_feed(run.epoch, batch.positions, widths, heights))
+            return (encoded_batch(enc), *self._views_feed(run.epoch, batch.positions, widths, heights, run.drawn(feed)))
         a = self.augment
         if a.pad_crop is not None:
-            return self._pad_crop_feed(run, batch, enc, widths, heights)
+            return self._pad_crop_feed(run, batch, enc, widths, heights, feed)
         boxes, flips = train_params(
             widths, heights, seed=self.seed, epoch=run.epoch, positions=batch.positions,
             scale=a.scale, ratio=a.ratio, flip=a.flip,
@@ -329,14 +334,13 @@ class Core:
         # not lists of n small arrays: DALI checks each list item in Python (about 6 us each).
         anchors, shapes = np.ascontiguousarray(boxes[:, :2]), np.ascontiguousarray(boxes[:, 2:])
         if self.host_finish:
-            feed = None if self.stage is None else self.stage_feed_job(run.epoch, batch.positions)
             run.flips.append((flips, self._submit_reduced(enc, boxes, widths, heights, anchors, shapes, rb.errors), feed))
             return (encoded_batch(enc), anchors, shapes)
         if self.stage is not None:
-            return (encoded_batch(enc), anchors, shapes, flips, *self.stage_feed(run.epoch, batch.positions))
+            return (encoded_batch(enc), anchors, shapes, flips, *run.drawn(feed))
         return (encoded_batch(enc), anchors, shapes, flips)
 
-    def _pad_crop_feed(self, run: Any, batch: Any, enc: list, widths, heights) -> tuple:
+    def _pad_crop_feed(self, run: Any, batch: Any, enc: list, widths, heights, feed: Any) -> tuple:
         """A RandomCrop batch's inputs: the windows' corners (:func:`~fastload.augment.padcrop.pad_crop_params`)."""
         from .augment.padcrop import pad_crop_params
 
@@ -354,7 +358,7 @@ class Core:
                 )
         shapes = np.full((len(flips), 2), float(self.crop), dtype=np.float32)
         if self.stage is not None:
-            return (encoded_batch(enc), corners, shapes, flips, *self.stage_feed(run.epoch, batch.positions))
+            return (encoded_batch(enc), corners, shapes, flips, *run.drawn(feed))
         return (encoded_batch(enc), corners, shapes, flips)
 
     def _view_boxes(self, v: int, epoch: int, positions: np.ndarray, widths: np.ndarray, heights: np.ndarray) -> tuple:
@@ -364,14 +368,12 @@ class Core:
                                     scale=a.scale, ratio=a.ratio, flip=a.flip)  # fmt: skip
         return np.ascontiguousarray(boxes[:, :2]), np.ascontiguousarray(boxes[:, 2:]), flips
 
-    def _views_feed(self, epoch: int, positions: np.ndarray, widths: np.ndarray, heights: np.ndarray) -> list:
-        """Per view: its crop windows, flips and stage inputs, drawn from its own seed (view 0's: the loader's)."""
+    def _views_feed(self, epoch: int, positions: np.ndarray, widths: np.ndarray, heights: np.ndarray, fed: list) -> list:
+        """Per view: its crop windows and flips, drawn from its own seed (view 0's: the loader's), then its stage
+        inputs (``fed``: :meth:`stage_feed`'s per-view lists)."""
         out: list = []
-        layout = "HWC" if self.channels_last else "CHW"
-        for v, stage in enumerate(self.stages):
-            out += self._view_boxes(v, epoch, positions, widths, heights)
-            if stage is not None:
-                out += stage.feed(seed=view_seed(self.seed, v), epoch=epoch, positions=positions, layout=layout)
+        for v, inputs in enumerate(fed):
+            out += [*self._view_boxes(v, epoch, positions, widths, heights), *inputs]
         return out
 
     def _views_windows(self, epoch: int, positions: np.ndarray, widths: np.ndarray, heights: np.ndarray) -> tuple:
@@ -392,9 +394,9 @@ class Core:
         return feed
 
     def stage_feed_job(self, epoch: int, positions: np.ndarray) -> Any:
-        """:meth:`stage_feed` as a future from the decode pool, drawn while the epoch thread waits on DALI and the
-        host finish (beside a training loop that holds the GIL, the draws' GIL hand-offs cost more than the draws);
-        computed here, done, where there is no pool."""
+        """:meth:`stage_feed` as a future from the decode pool, drawn while the epoch thread drives DALI (and, on the
+        CPU, finishes crops): beside a training loop that holds the GIL the draws' GIL hand-offs cost more than the
+        draws, and DeiT's pixel noise alone takes 18 ms a batch of 256; computed here, done, where there is no pool."""
         from concurrent.futures import Future
 
         if not (self.closed or self.decode_pool is None or self.decode_pool_pid != os.getpid()):

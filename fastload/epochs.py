@@ -18,7 +18,7 @@ import contextlib
 import queue
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -30,8 +30,10 @@ from .pipeline import cpu_samples, packed_samples
 from .sampler import Batch, EpochSampler
 from .threads import cannot_start, start_threads
 
-_END = object()
+#: How many batches ahead of DALI's requests each batch's stage inputs are sent to the pool (EpochRun._drawn_ahead).
+DRAWS_AHEAD = 2
 
+_END = object()
 
 
 def node_plan(plan: Any, epoch: int, start: int) -> dict[str, Any]:
@@ -101,6 +103,9 @@ class EpochRun:
             self._plan = ra.ahead(batches)
         else:
             self._plan = follow(batches, ra.ahead, hold=ra.depth + 2, **node_plan(core.plan, epoch, start))
+        self.feeds: dict[int, Any] = {}  # batch number -> the future of its stage inputs (Core.stage_feed_job)
+        if core.draws_ahead:
+            self._plan = self._drawn_ahead(self._plan)
         self._inflight: collections.deque[Batch] = collections.deque()
         self.read_buffer: np.ndarray | None = None  # Dataset.read_batch's, reused by DALI's callback
         self.flips: collections.deque[tuple[np.ndarray, dict, Any]] = collections.deque()  # host_finish: flips, reduced-scale jobs, stage feed
@@ -113,6 +118,29 @@ class EpochRun:
         err = start_threads([self._thread])
         if err is not None:
             raise cannot_start("the epoch thread", err)
+
+    def _drawn_ahead(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        """``batches`` unchanged, each one's stage inputs sent to the pool :data:`DRAWS_AHEAD` batches before DALI
+        asks for it (:attr:`feeds`)."""
+        window: collections.deque[Batch] = collections.deque()
+        for b in batches:
+            self.feeds[b.number] = self.core.stage_feed_job(self.epoch, b.positions)
+            window.append(b)
+            if len(window) > DRAWS_AHEAD:
+                yield window.popleft()
+        yield from window
+
+    def drawn(self, job: Any) -> list:
+        """A batch's stage inputs from its future (:meth:`_drawn_ahead`), for DALI's callback: StopIteration (the
+        callback's end) when this run stops first; a draw that failed, as a LoaderError."""
+        if not self._awaited(job):
+            raise StopIteration
+        try:
+            return job.result()
+        except FastloadError:
+            raise
+        except Exception as e:  # noqa: BLE001 - said as what it is: the draws, not a sample's decode
+            raise LoaderError(f"the augmentation draws of epoch {self.epoch} failed: {type(e).__name__}: {str(e)[:300]}") from e
 
     # ---- called by DALI (producer thread)
     def next_plan(self) -> Batch:
@@ -220,7 +248,7 @@ class EpochRun:
         if staged:  # its stage graph runs while the next batch is decoded and finished (see _produce)
             if not self._awaited(feed):  # the stage's inputs, drawn in the pool (Core.stage_feed_job)
                 return None
-            return _Staged((images.permute(0, 2, 3, 1).numpy(), *feed.result()), batch, labels_np)
+            return _Staged((images.permute(0, 2, 3, 1).numpy(), *self.drawn(feed)), batch, labels_np)
         return images, torch.from_numpy(labels_np), None
 
     def _views_on_host(self, tls: list, flips: list, feed: Any, batch: Batch, labels_np: np.ndarray) -> _Staged | None:
@@ -233,7 +261,7 @@ class EpochRun:
             inputs.append(images.permute(0, 2, 3, 1).numpy())
         if not self._awaited(feed):  # the views' stage inputs, drawn in the pool
             return None
-        return _Staged(tuple(x for img, fed in zip(inputs, feed.result()) for x in (img, *fed)), batch, labels_np)
+        return _Staged(tuple(x for img, fed in zip(inputs, self.drawn(feed)) for x in (img, *fed)), batch, labels_np)
 
     def _awaited(self, job: Any) -> bool:
         """Wait for a pool future; False when this run stops first (never blocked for good: a finaliser closing

@@ -229,34 +229,65 @@ def test_every_input_fed_to_the_graph_is_used(many, transform):
     assert not [str(w.message) for w in seen if "is not used" in str(w.message)]
 
 
-def test_the_stage_inputs_are_drawn_in_the_pool_not_the_epoch_thread(many, monkeypatch):
+def _cifar_ta():
+    """A padded RandomCrop (decoded whole, no host finish: its stage inputs go to DALI as on a GPU) + TrivialAugment."""
+    return T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.TrivialAugmentWide(), T.ToTensor(),
+                      T.Normalize(MEAN, STD)])  # fmt: skip
+
+
+@pytest.mark.parametrize("recipe", [_ta_wide, _cifar_ta, _moco_v2], ids=["host-finished", "graph-fed", "views"])
+def test_the_stage_inputs_are_drawn_in_the_pool_ahead_of_dali(many, recipe, monkeypatch):
     """Beside a training loop that holds the GIL, each GIL hand-off of the draws costs the epoch thread a switch
-    interval: they run in the decode pool while that thread waits on DALI and the host finish. Kills: the draws
-    moved back into the epoch thread (``Core.stage_feed_job`` computing in place)."""
+    interval, and DeiT's pixel noise takes 18 ms a batch of 256: each batch's draws run in the decode pool,
+    sent there ``DRAWS_AHEAD`` batches before DALI asks for the batch, whether the host finishes the crops or
+    the graph takes the inputs (the GPU's road). Kills: the draws computed in the epoch thread
+    (``Core.stage_feed_job`` computing in place), or sent when DALI asks and not before."""
     from fastload.core import Core
+    from fastload.epochs import DRAWS_AHEAD
 
     where: list[str] = []
-    draw = Core.stage_feed
+    events: list[tuple[str, int]] = []
+    draw, ask, submit = Core.stage_feed, EpochRun.next_plan, Core.stage_feed_job
 
     def spied(self, epoch, positions):
         where.append(threading.current_thread().name)
         return draw(self, epoch, positions)
 
+    def asked(self):
+        b = ask(self)
+        events.append(("ask", int(b.positions[0]) // 8))
+        return b
+
+    def submitted(self, epoch, positions):
+        events.append(("draw", int(positions[0]) // 8))
+        return submit(self, epoch, positions)
+
     monkeypatch.setattr(Core, "stage_feed", spied)
-    with fastload.FastLoader(many, 8, device="cpu", seed=5, num_threads=2, transform=_ta_wide()) as ld:
+    monkeypatch.setattr(Core, "stage_feed_job", submitted)
+    monkeypatch.setattr(EpochRun, "next_plan", asked)
+    with fastload.FastLoader(many, 8, device="cpu", seed=5, num_threads=2, transform=recipe()) as ld:
         n = sum(len(y) for _, y in ld)
     assert n == 136 and len(where) == 17
     assert all(name.startswith("fastload-decode") for name in where), where
+    assert DRAWS_AHEAD >= 1
+    drawn: set[int] = set()
+    for kind, b in events:
+        if kind == "draw":
+            drawn.add(b)
+        else:  # when DALI asks for batch b, the draws of the next DRAWS_AHEAD batches are already on their way
+            assert set(range(b, min(b + DRAWS_AHEAD, 16) + 1)) <= drawn, (b, sorted(drawn))
 
 
-def test_a_failed_draw_in_the_pool_reaches_the_consumer(many, monkeypatch):
-    """A draw that raises in the pool ends the epoch with an error naming it: no hang, no batch without its inputs."""
+@pytest.mark.parametrize("recipe", [_ta_wide, _cifar_ta], ids=["host-finished", "graph-fed"])
+def test_a_failed_draw_in_the_pool_reaches_the_consumer(many, recipe, monkeypatch):
+    """A draw that raises in the pool ends the epoch with an error naming the draws: no hang, no batch without its
+    inputs, and no sample blamed for it."""
     from fastload.core import Core
 
     def broken(self, epoch, positions):
         raise ValueError("draw broke at epoch %d" % epoch)
 
     monkeypatch.setattr(Core, "stage_feed", broken)
-    with fastload.FastLoader(many, 8, device="cpu", seed=5, num_threads=2, transform=_ta_wide()) as ld:
-        with pytest.raises(fastload.FastloadError, match="draw broke at epoch 0"):
+    with fastload.FastLoader(many, 8, device="cpu", seed=5, num_threads=2, transform=recipe()) as ld:
+        with pytest.raises(fastload.FastloadError, match="augmentation draws of epoch 0 failed: ValueError: draw broke at epoch 0"):
             next(iter(ld))
