@@ -204,7 +204,8 @@ def multi_view_transform(name: str) -> Any:
 
 
 def build_transform(name: str) -> Any:
-    """The per-image torchvision / timm training transform ``name`` (``ta``, ``deit``, ``plain``, ``mocov3`` or ``dino``)."""
+    """The per-image torchvision / timm training transform ``name`` (``ta``, ``ta_bilinear``, ``deit``, ``plain``,
+    ``mocov3`` or ``dino``)."""
     import torch
     from torchvision import transforms as T
     from torchvision.transforms import InterpolationMode
@@ -218,6 +219,11 @@ def build_transform(name: str) -> Any:
                                 re_prob=0.25, re_mode="pixel")  # fmt: skip
     if name == "plain":
         return T.Compose([T.RandomResizedCrop(CROP), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+    if name == "ta_bilinear":  # the references' presets at their default --interpolation bilinear
+        return T.Compose([
+            T.RandomResizedCrop(CROP), T.RandomHorizontalFlip(), T.TrivialAugmentWide(interpolation=InterpolationMode.BILINEAR),
+            T.PILToTensor(), T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD), T.RandomErasing(0.25),
+        ])  # fmt: skip
     return T.Compose([
         T.RandomResizedCrop(CROP, interpolation=InterpolationMode.BICUBIC), T.RandomHorizontalFlip(),
         T.TrivialAugmentWide(), T.PILToTensor(), T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD),
@@ -240,7 +246,7 @@ def dali_loader(images: str, transform: str, threads: int) -> Any:
         enc, label = fn.readers.file(file_root=images, random_shuffle=True, name="r")
         img = fn.decoders.image_random_crop(enc, device="cpu", output_type=types.RGB, random_area=[0.08, 1.0],
                                             random_aspect_ratio=[3 / 4, 4 / 3])  # fmt: skip
-        cubic = transform != "plain"
+        cubic = transform not in ("plain", "ta_bilinear")
         img = fn.resize(img, size=[CROP, CROP], interp_type=types.INTERP_CUBIC if cubic else types.INTERP_LINEAR,
                         antialias=True)  # fmt: skip
         if transform == "plain":
@@ -410,6 +416,7 @@ def report(s: dict) -> str:
     before = ", ".join(f"{x:.1f}" for x in s["load_average_before"])
     after = ", ".join(f"{x:.1f}" for x in s["load_average_after"])
     what = {"ta": "TrivialAugmentWide + RandomErasing(0.25) + bicubic (torchvision's references)",
+            "ta_bilinear": "TrivialAugmentWide + RandomErasing(0.25), bilinear crop and warps (the references' default)",
             "deit": "DeiT's training transform (timm RandAugment rand-m9-mstd0.5-inc1, bicubic, "
                     "pixel erasing 0.25)",
             "plain": "The classic recipe (RandomResizedCrop(224), flip, ToTensor, Normalize)",
@@ -439,7 +446,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cache", default=str(ROOT / "data" / "bench-cache"))
     ap.add_argument("--out", default=None, help="path prefix of the .md and .json written")
-    ap.add_argument("--transform", choices=("ta", "deit", "plain", *MULTI_VIEW), default="ta")
+    ap.add_argument("--transform", choices=("ta", "ta_bilinear", "deit", "plain", *MULTI_VIEW), default="ta")
     ap.add_argument("--with-gil-thread", action="store_true",
                     help="also measure each loader beside a GIL-holding thread")  # fmt: skip
     ap.add_argument("--root", action="append", default=None, help="a checkout to import fastload from (repeatable)")

@@ -10,6 +10,9 @@ shear 0.3, translation 100 pixels or 0.45 of the side), both signs. Cost: each o
 on 32 noise crops of 224x224 with a colour fill (timm's DeiT fill, the ImageNet mean), CPU milliseconds per image
 over all threads (another process's load does not count): the graph on DALI's CPU backend (2 threads, best of 3
 runs of 3 batches) and the library's own PIL function (one thread, best of 3).
+
+Bilinear and bicubic have two rows: the CPU graph's road (``cpu_warp="pil"``: PIL's filter compiled, in DALI's
+threads) and a GPU graph's (``"dali"``: DALI's ``warp_affine``), the latter run on DALI's CPU backend.
 """
 
 from __future__ import annotations
@@ -40,12 +43,12 @@ LARGEST = {
 SIZES = [(53, 37), (40, 40), (224, 224)]
 
 
-def measure(library: str, name: str, interpolation: str, kind: str) -> tuple[int, float, float]:
+def measure(library: str, name: str, interpolation: str, kind: str, road: str) -> tuple[int, float, float]:
     """(max, mean, fraction > 1 level) of |ours - library| over every size, magnitude and sign, on ``kind`` images."""
     fill = FILLS[library]
     cases = [(h, w, s * m) for h, w in SIZES for m in (MAGNITUDES[(library, name)], LARGEST[(library, name)]) for s in (1, -1)]
     imgs = [noise_image(h, w, seed=i) if kind == "noise" else gradient_image(h, w) for i, (h, w, _) in enumerate(cases)]
-    outs = apply_once(geometry_op(library, name, interpolation, fill), imgs, [(m,) for _, _, m in cases])
+    outs = apply_once(geometry_op(library, name, interpolation, fill, cpu_warp=road), imgs, [(m,) for _, _, m in cases])
     diffs = [np.abs(o.astype(np.int16) - library_output(i, library, name, m, interpolation, fill)).ravel() for i, o, (_, _, m) in zip(imgs, outs, cases)]
     d = np.concatenate(diffs)
     return int(d.max()), float(d.mean()), float((d > 1).mean())
@@ -54,13 +57,13 @@ def measure(library: str, name: str, interpolation: str, kind: str) -> tuple[int
 COST_FILL = (124, 116, 104)
 
 
-def cost(library: str, name: str, interpolation: str, crops: list[np.ndarray]) -> tuple[float, float]:
+def cost(library: str, name: str, interpolation: str, road: str, crops: list[np.ndarray]) -> tuple[float, float]:
     """(graph, PIL) CPU milliseconds per image of the operation on ``crops`` (see the module's docstring)."""
     from fastload.pipeline import import_dali
 
     dali, fn, types = import_dali()
     m = MAGNITUDES[(library, name)]
-    op = geometry_op(library, name, interpolation, COST_FILL)
+    op = geometry_op(library, name, interpolation, COST_FILL, cpu_warp=road)
     par = [op.params((m,))] * len(crops)
 
     @dali.pipeline_def(batch_size=len(crops), num_threads=2, device_id=None)
@@ -92,15 +95,16 @@ def main() -> None:
     crops = [noise_image(224, 224, seed=i) for i in range(32)]
     rows = [f"Machine: {platform.processor() or platform.machine()}, python {platform.python_version()}; "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", "",
-            "| library | operation | interpolation | noise: max | mean | > 1 level | gradient: max | mean | > 1 level "
+            "| library | operation | interpolation | road | noise: max | mean | > 1 level | gradient: max | mean | > 1 level "
             "| graph CPU ms / image | PIL CPU ms / image |",
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+            "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for library, names in GEOMETRY_NAMES.items():
         for name in names:
-            for interp in ("nearest", "bilinear", "bicubic"):
-                n, g = measure(library, name, interp, "noise"), measure(library, name, interp, "gradient")
-                ms = cost(library, name, interp, crops)
-                rows.append(f"| {library} | {name} | {interp} | {n[0]} | {n[1]:.3f} | {n[2]:.3%} | {g[0]} | {g[1]:.3f} "
+            for interp, road in (("nearest", "pil"), ("bilinear", "pil"), ("bilinear", "dali"), ("bicubic", "pil"), ("bicubic", "dali")):
+                n, g = measure(library, name, interp, "noise", road), measure(library, name, interp, "gradient", road)
+                ms = cost(library, name, interp, road, crops)
+                shown = "DALI warp_affine" if interp == "nearest" or road == "dali" else "PIL's filter compiled"
+                rows.append(f"| {library} | {name} | {interp} | {shown} | {n[0]} | {n[1]:.3f} | {n[2]:.3%} | {g[0]} | {g[1]:.3f} "
                             f"| {g[2]:.3%} | {ms[0]:.2f} | {ms[1]:.2f} |")
                 logging.info(rows[-1])
     if a.out:

@@ -5,7 +5,7 @@ Every operation here is one affine map in PIL's convention, the one both librari
 input at ``(a (x + .5) + b (y + .5) + c, d (x + .5) + e (y + .5) + f)``, pixel ``i`` covering
 ``[i, i + 1)``. DALI's ``warp_affine`` with ``inverse_map=True`` uses the same convention. For shears
 and absolute translations the host sends the six entries; for rotations (cosine and sine) and relative
-translations (the fraction) it sends float32 high and low parts, and the graph builds the matrix from the
+translations (the fraction) it sends each double as three float32 parts, and the graph builds the matrix from the
 image's size in float64, as PIL does in doubles.
 
 Three details make the result PIL's and not DALI's own:
@@ -20,8 +20,11 @@ Three details make the result PIL's and not DALI's own:
 * PIL's nearest affine with a shear or rotation part steps in 16.16 fixed point: the matrix is rounded
   the same way, or source points on whole pixels (a rotation's centre column) land one pixel off.
 
-DALI's ``warp_affine`` has nearest and linear only (``INTERP_CUBIC`` is refused on the CPU): bicubic is
-carried out as bilinear. ``benchmarks/results/graph-ops-geometry.md`` has what that costs, per operation.
+DALI's ``warp_affine`` has nearest and linear only (``INTERP_CUBIC`` is refused on the CPU): on a GPU, bicubic
+is carried out as bilinear. On the CPU, bilinear and bicubic steps run PIL's own filter compiled
+(:mod:`fastload.augment.pil_affine`, in DALI's threads): exact, and cheaper than the five operators above. The
+host sends every matrix as three float32 parts per entry and the fill levels at ``pil_affine.FILL_AT``, so both
+roads read the same parameters. ``benchmarks/results/graph-ops-geometry.md`` has what each costs, per operation.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .graphop import GraphOp
+from .pil_affine import FILL_AT, FILTERS
 
 #: The operations this module carries out, per library (timm's ``NAME_TO_OP`` keys, torchvision's ``_apply_op`` names).
 GEOMETRY_NAMES: dict[str, tuple[str, ...]] = {
@@ -40,6 +44,9 @@ GEOMETRY_NAMES: dict[str, tuple[str, ...]] = {
 }
 
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
+
+#: How a CPU graph warps at bilinear and bicubic: PIL's filter compiled (exact) or DALI's ``warp_affine`` (a GPU's road).
+CPU_WARPS = ("pil", "dali")
 
 #: PIL's nearest affine (any map with a shear or rotation part) steps in 16.16 fixed point.
 _FIXED = 65536.0
@@ -50,10 +57,12 @@ def _fix(v: float) -> float:
     return math.floor(v * _FIXED + 0.5) / _FIXED
 
 
-def _split(v: float) -> tuple[float, float]:
-    """``v`` as two float32 (high and low parts) whose sum in float64 is ``v`` to 48 bits."""
+def _split(v: float) -> tuple[float, float, float]:
+    """``v`` as three float32 whose sum in float64, ``(hi + mid) + lo``, is ``v`` exactly (two parts keep 48 bits:
+    a sample point that far off truncates to another level now and then)."""
     hi = float(np.float32(v))
-    return hi, float(np.float32(v - hi))
+    mid = float(np.float32(v - hi))
+    return hi, mid, float(np.float32(v - hi - mid))
 
 
 def _static(m: Sequence[float], nearest: bool) -> tuple[float, ...]:
@@ -86,6 +95,16 @@ def _rotation(args: tuple) -> tuple[float, ...]:
     return _split(round(math.cos(angle), 15)) + _split(round(math.sin(angle), 15))
 
 
+def _laid_out(values: tuple[float, ...], sized: bool, fill: Sequence[int]) -> tuple[float, ...]:
+    """A step's floats as the graph reads them: a matrix as its six entries' first float32 parts, then their second,
+    then their third (:func:`_split`; a rotation's and a relative translation's own parts as they are), then the
+    fill levels at :data:`FILL_AT`."""
+    if not sized:
+        parts = [_split(v) for v in values]
+        values = tuple(part[k] for k in range(3) for part in parts)
+    return tuple(values) + (0.0,) * (FILL_AT - len(values)) + tuple(float(v) for v in fill)
+
+
 def _host(library: str, name: str, nearest: bool) -> Callable[[tuple], tuple[float, ...]]:
     """A step's ``args`` -> the floats its graph reads: torchvision's as ``_apply_op`` calls ``F.affine``/``F.rotate``
     on a PIL image, timm's as its PIL functions call ``Image.transform``/``Image.rotate``."""
@@ -111,8 +130,8 @@ def _host(library: str, name: str, nearest: bool) -> Callable[[tuple], tuple[flo
 
 
 def _sized_matrix(img: Any, p: Any, name: str, nearest: bool) -> Any:
-    """The ``[2, 3]`` matrix of a rotation or a relative translation, computed in float64 from the image's size
-    as PIL computes it (16.16 fixed point at nearest, for a rotation)."""
+    """The float64 ``[6]`` matrix of a rotation or a relative translation, computed from the image's size as PIL
+    computes it (16.16 fixed point at nearest, for a rotation)."""
     from ..pipeline import import_dali
 
     dali, fn, types = import_dali()
@@ -120,11 +139,15 @@ def _sized_matrix(img: Any, p: Any, name: str, nearest: bool) -> Any:
     shape = img.shape(dtype=types.FLOAT64)
     h, w = shape[0], shape[1]
     one, zero = q[0] * 0.0 + 1.0, q[0] * 0.0
+
+    def joined(k: int) -> Any:  # the double the host split at q[k:k + 3]
+        return (q[k] + q[k + 1]) + q[k + 2]
+
     if name.endswith("Rel"):
-        shift = (q[0] + q[1]) * (w if name == "TranslateXRel" else h)
+        shift = joined(0) * (w if name == "TranslateXRel" else h)
         row = (one, zero, shift, zero, one, zero) if name == "TranslateXRel" else (one, zero, zero, zero, one, shift)
-        return fn.cast(fn.reshape(fn.stack(*row), shape=[2, 3]), dtype=types.FLOAT)
-    cos, sin = q[0] + q[1], q[2] + q[3]
+        return fn.stack(*row)
+    cos, sin = joined(0), joined(3)
     cx, cy = w * 0.5, h * 0.5
     a, b, d, e = cos, sin, zero - sin, cos
     c = (a * (zero - cx) + b * (zero - cy)) + cx
@@ -137,7 +160,7 @@ def _sized_matrix(img: Any, p: Any, name: str, nearest: bool) -> Any:
         c = fix(c + a * 0.5 + b * 0.5) - (fa + fb) * 0.5
         f = fix(f + d * 0.5 + e * 0.5) - (fd + fe) * 0.5
         a, b, d, e = fa, fb, fd, fe
-    return fn.cast(fn.reshape(fn.stack(a, b, c, d, e, f), shape=[2, 3]), dtype=types.FLOAT)
+    return fn.stack(a, b, c, d, e, f)
 
 
 def warp_like_pil(img: Any, mt: Any, interpolation: str, fill: Sequence[int]) -> Any:
@@ -160,12 +183,13 @@ def warp_like_pil(img: Any, mt: Any, interpolation: str, fill: Sequence[int]) ->
     return warped * (types.Constant(1, dtype=types.UINT8) - outside) + colour * outside
 
 
-def geometry_op(library: str, name: str, interpolation: str, fill: tuple[int, int, int]) -> GraphOp | None:
+def geometry_op(library: str, name: str, interpolation: str, fill: tuple[int, int, int], *, cpu_warp: str = "pil") -> GraphOp | None:
     """The GraphOp of ``library``'s geometric operation ``name`` at ``interpolation``, filling with ``fill``;
     None for a name this module does not do.
 
     ``fill`` is what the library is given (timm's ``fillcolor``; torchvision's ``fill``, ``None`` being
-    ``(0, 0, 0)``), one uint8 level per channel.
+    ``(0, 0, 0)``), one uint8 level per channel. ``cpu_warp``: how a CPU graph warps at bilinear and bicubic,
+    ``"pil"`` (PIL's filter compiled: exact) or ``"dali"`` (DALI's ``warp_affine``, as a GPU graph does).
     """
     if name not in GEOMETRY_NAMES.get(library, ()):
         return None
@@ -173,20 +197,27 @@ def geometry_op(library: str, name: str, interpolation: str, fill: tuple[int, in
         raise ValueError(f"interpolation {interpolation!r} is not one of {INTERPOLATIONS}")
     if len(fill) != 3:
         raise ValueError(f"fill needs three levels (R, G, B), got {fill!r}")
+    if cpu_warp not in CPU_WARPS:
+        raise ValueError(f"cpu_warp {cpu_warp!r} is not one of {CPU_WARPS}")
     nearest = interpolation == "nearest"
     levels = tuple(int(v) for v in fill)
     sized = name == "Rotate" or name.endswith("Rel")
+    compiled = cpu_warp == "pil" and interpolation in FILTERS
 
     def graph(img: Any, p: Any) -> Any:
-        if sized:
-            mt = _sized_matrix(img, p, name, nearest)
-        else:
-            from ..pipeline import import_dali
+        from ..pipeline import import_dali
 
-            fn = import_dali()[1]
-            mt = fn.reshape(p[0:6], shape=[2, 3])
-        return warp_like_pil(img, mt, interpolation, levels)
+        fn, types = import_dali()[1:]
+        if sized:
+            m64 = _sized_matrix(img, p, name, nearest)
+        else:  # the three parts joined: the double the host computed
+            m64 = (fn.cast(p[0:6], dtype=types.FLOAT64) + fn.cast(p[6:12], dtype=types.FLOAT64)) + fn.cast(p[12:18], dtype=types.FLOAT64)
+        if compiled and img.device == "cpu":
+            from .pil_affine import warp
+
+            return warp(img, m64, p, interpolation)
+        return warp_like_pil(img, fn.cast(fn.reshape(m64, shape=[2, 3]), dtype=types.FLOAT), interpolation, levels)
 
     host = _host(library, name, nearest)
 
-    return GraphOp(library, name, interpolation, host=host, graph=graph)
+    return GraphOp(library, name, interpolation, host=lambda args: _laid_out(tuple(host(args)), sized, levels), graph=graph)
