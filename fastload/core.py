@@ -25,7 +25,7 @@ import torch
 from .augment import eval_params, train_params, view_seed
 from .errors import FastloadError, FormatError, LoaderError
 from .format import DEFAULT_MAX_PIXELS
-from .augment.stage import GraphStage
+from .augment.stage import GraphStage, note_gpu_hue
 from .pipeline import GraphSpec, build_augment_pipeline, build_pipeline, decoder_sizing, encoded_batch, import_dali
 from .reader import Dataset, ReadAhead
 from .augment.settings import Augment
@@ -145,6 +145,8 @@ class Core:
         self.views: tuple[Augment, ...] | None = None if views is None else tuple(views.views)
         self.stages = None if self.views is None else [_stage(a) for a in self.views]
         self.stage = _stage(augment) if self.train and self.views is None else None
+        if device.type == "cuda":
+            note_gpu_hue([self.stage, *(self.stages or [])])
         # CPU training crops are resized (and flipped) on the host, in one GIL-free call per batch
         # (fastload.host.finish_crops: torch's port of pillow-simd's resize, PIL's pixels, 7x cheaper than
         # DALI's CPU resize); then normalised there, or, when augmented, through the stage's own CPU graph

@@ -449,7 +449,8 @@ def test_a_loader_over_a_subset_pickles_as_that_subset(make_folder, tmp_path):
 )  # fmt: skip
 def test_each_jitter_part_is_torchvisions_operation_on_the_crop(pixel_dataset, part, value, tv_fn):
     """A one-point range makes the factor known: the batch equals torchvision's function applied to the PIL
-    image of each unjittered crop (where ColorJitter runs in a DataLoader worker), to float rounding."""
+    image of each unjittered crop (where ColorJitter runs in a DataLoader worker), to the level: the CPU graph runs
+    PIL's own arithmetic for each part (the hue's HSV round trip included)."""
     import torchvision.transforms.functional as F
     from PIL import Image
 
@@ -463,15 +464,7 @@ def test_each_jitter_part_is_torchvisions_operation_on_the_crop(pixel_dataset, p
             pils = [Image.fromarray((img * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()) for img in u]
             want = torch.stack([F.to_tensor(getattr(F, tv_fn)(pil, value)) for pil in pils])
             levels = ((x - want).abs() * 255).round()
-            if part == "hue":  # a turn of YIQ's chroma, not PIL's HSV round trip: the formula, and near torchvision's
-                import numpy as np
-                from graphrun import yiq_hue
-
-                turned = torch.stack([F.to_tensor(yiq_hue(np.asarray(pil), value)) for pil in pils])
-                assert ((x - turned).abs() * 255).round().max() <= 1
-                assert levels.mean() <= 20, float(levels.mean())
-            else:  # brightness exact; contrast and saturation a fused float32 step: a level at most
-                assert levels.max() <= (0 if part == "brightness" else 1), float(levels.max())
+            assert levels.max() == 0, float(levels.max())
             assert (x - u).abs().max() > 0.01  # it did something
 
 

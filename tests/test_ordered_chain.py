@@ -157,14 +157,11 @@ def _torchvision_steps(steps: list, monkeypatch) -> list:
 def test_each_image_is_torchvisions_steps_in_order_on_the_same_crop(pixel_dataset, recipe, monkeypatch):
     """Through the loader: the recipe's uint8 batch equals, per image, torchvision's objects making the
     plan's draw, in its order, on the PIL image of the crop a loader without the colour steps gives
-    (the same seed: the same crops). Measured: 0 levels but for torchvision's GaussianBlur, whose separable
-    kernel in the graph is one level off torch's 2-D convolution on a few values."""
-    from graphrun import yiq_hue
-
+    (the same seed: the same crops). Measured: 0 levels (the jitter's hue included: the CPU graph makes PIL's HSV
+    round trip) but for torchvision's GaussianBlur, whose separable kernel in the graph is one level off torch's
+    2-D convolution on a few values."""
     steps = _recipes(T, blur=9)[recipe]
     kw = dict(device="cpu", seed=5, shuffle=False, progress=False)
-    # the graph turns the hue in YIQ (docs/dropin.md): torchvision's objects, with that hue, make the reference
-    monkeypatch.setattr(F, "adjust_hue", lambda img, h: Image.fromarray(yiq_hue(np.asarray(img), h)))
     with FastLoader(pixel_dataset.packed, 24, transform=T.Compose([T.RandomResizedCrop(24), *steps, T.PILToTensor()]), **kw) as a, \
             FastLoader(pixel_dataset.packed, 24, transform=T.Compose([T.RandomResizedCrop(24), T.RandomInvert(p=0.0),
                                                                       T.PILToTensor()]), **kw) as b:  # fmt: skip
@@ -176,13 +173,6 @@ def test_each_image_is_torchvisions_steps_in_order_on_the_same_crop(pixel_datase
         pil = Image.fromarray(crops[j].permute(1, 2, 0).numpy())
         want = T.Compose(_torchvision_steps(plans[j], monkeypatch))(pil)
         d = (got[j].int() - torch.from_numpy(np.array(want)).permute(2, 0, 1).int()).abs()
-        if any(s[0] == "ColorJitter" for s in plans[j]):
-            # fused float32 steps in a row: a level or three, rarely; a solarize after them turns a level's
-            # difference at its threshold into a whole flip, on a few values
-            assert (d > 3).float().mean() <= 0.01 and d.float().mean() <= 0.75, (recipe, j, plans[j])
-            if not any(s[0] == "Solarize" for s in plans[j]):
-                assert d.max() <= 3, (recipe, j, plans[j])
-            continue
         assert d.max() <= 1 and (d > 0).float().mean() <= 0.01, (recipe, j, plans[j])
         if not any(s[0] == "GaussianBlur" for s in plans[j]):
             assert d.max() == 0, (recipe, j, plans[j])

@@ -20,8 +20,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-#: Floats each sample receives per step (ColorJitter's four slots: a kind and a 3x3 colour matrix each).
-ARGS = 40
+#: Floats each sample receives per step (ColorJitter's four slots: a kind, a 3x3 colour matrix and a hue shift each).
+ARGS = 44
 
 
 @dataclasses.dataclass(frozen=True)

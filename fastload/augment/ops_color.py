@@ -14,20 +14,22 @@ and uint8 arithmetic. What each reproduces, as Pillow(-SIMD) computes it, and ho
   ``f * identity + (1 - f) * SMOOTH/13``, rounded (PIL rounds the smoothed image, then truncates
   the blend: a level or two), the 1-pixel border left as PIL leaves it;
 * the lookup tables of ``ImageOps`` (posterize, solarize, invert, autocontrast) and timm's
-  ``solarize_add``, exactly; ``equalize`` is DALI's (OpenCV's lookup table, not PIL's: measured);
+  ``solarize_add``, exactly; ``equalize`` on the CPU is PIL's own, compiled (:mod:`fastload.augment.pil_color`),
+  on a GPU DALI's (OpenCV's lookup table, not PIL's: measured);
 * ``Grayscale``: DALI's RGB -> GRAY, which is PIL's ``L`` on all 2**24 colours;
 * ``GaussianBlur``: torchvision's through DALI's Gaussian kernel; timm's (PIL's three extended
   box passes per axis) as six 1-D filters with Pillow's weights, each pass rounded;
 * ``ColorJitter``: four slots in the drawn order, each sample's slot chosen by its kind
   (a nested ``select``: nothing, brightness's scale, contrast's, a colour matrix for
   saturation or hue), rounded and clipped after each as PIL does; brightness, contrast and
-  saturation as above; the hue as a rotation in YIQ (what DALI's ``hsv`` does), not PIL's HSV
-  round trip: the one operation whose pixels differ visibly (docs/dropin.md, measured).
+  saturation as above; the hue on the CPU PIL's HSV round trip, compiled (exact), on a GPU a rotation
+  in YIQ (what DALI's ``hsv`` does): the one operation whose pixels differ visibly there (docs/dropin.md).
 
 Operations whose arguments come from the image itself (Contrast's mean, AutoContrast's range)
 have two forms: on the CPU the statistic feeds the fused operator as an argument input; a GPU
 operator takes argument inputs only from the CPU, so there the same formula runs in DALI's
-arithmetic. :func:`statistics_form` lets the tests build either form on the CPU.
+arithmetic. Equalize and the hue have two as well: PIL's arithmetic compiled on the CPU, DALI's
+operators on a GPU. :func:`statistics_form` lets the tests build either form on the CPU.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from . import pil_color
 from .graphop import GraphOp, no_params
+from .pil_color import hue_shift
 
 #: The operations :func:`color_op` builds, per library.
 COLOR_NAMES: dict[str, tuple[str, ...]] = {
@@ -62,11 +66,13 @@ LUMA = np.array([9798, 19235, 3735], dtype=np.float64) / 32768.0
 #: RGB -> YIQ (NTSC), the space of the hue rotation.
 _YIQ = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
 
-#: Floats one ColorJitter slot takes: its kind (:data:`SLOT_KINDS`), then a 3x3 matrix, or the factor first.
-SLOT = 10
+#: Floats one ColorJitter slot takes: its kind (:data:`SLOT_KINDS`), then a 3x3 matrix, or the factor first; a hue's
+#: matrix is followed by its shift of PIL's uint8 hue.
+SLOT = pil_color.SLOT
 
-#: What a ColorJitter slot does: nothing, a scale (brightness), a scale about the centre (contrast), a colour matrix.
-SLOT_KINDS = ("identity", "scale", "contrast", "matrix")
+#: What a ColorJitter slot does: nothing, a scale (brightness), a scale about the centre (contrast), a colour matrix
+#: (saturation), a hue turn (PIL's HSV shift on the CPU, its YIQ matrix on a GPU).
+SLOT_KINDS = ("identity", "scale", "contrast", "matrix", "hue")
 
 #: Shift that makes DALI's rounding (half away from zero) PIL's truncation of a non-negative value.
 _TRUNC = -0.5
@@ -76,8 +82,8 @@ _FORCED: list[str] = []
 
 @contextlib.contextmanager
 def statistics_form(form: str) -> Iterator[None]:
-    """Build graphs, while inside, with ``form`` for the operations fed by an image statistic:
-    ``"arguments"`` (the CPU's) or ``"arithmetic"`` (the GPU's)."""
+    """Build graphs, while inside, with ``form`` for the operations that have two: ``"arguments"`` (the CPU's: a
+    statistic as an argument input, PIL's arithmetic compiled) or ``"arithmetic"`` (the GPU's: DALI's operators)."""
     if form not in ("arguments", "arithmetic"):
         raise ValueError(f"form must be 'arguments' or 'arithmetic', got {form!r}")
     _FORCED.append(form)
@@ -178,8 +184,9 @@ def box_taps(radius: float) -> np.ndarray:
 
 def jitter_slots(args: tuple) -> tuple[float, ...]:
     """ColorJitter's (order, factors) as four slots in the drawn order (:data:`SLOT` floats each): the slot's kind
-    (an index of :data:`SLOT_KINDS`), then brightness's or contrast's factor, or saturation's or hue's 3x3 matrix;
-    a part that is off (NaN) is the identity."""
+    (an index of :data:`SLOT_KINDS`), then brightness's or contrast's factor, or saturation's or hue's 3x3 matrix
+    then saturation's factor or hue's shift (:func:`~fastload.augment.pil_color.hue_shift`); a part that is off
+    (NaN) is the identity."""
     out: list[float] = []
     for k in args[:4]:
         kind, f = int(k), float(args[4 + int(k)])
@@ -187,9 +194,10 @@ def jitter_slots(args: tuple) -> tuple[float, ...]:
         if not math.isnan(f):
             if kind in (0, 1):
                 slot[0], slot[1] = (1.0 if kind == 0 else 2.0), f
+            elif kind == 2:
+                slot[0], slot[1:10], slot[10] = 3.0, color_matrix(f).ravel(), f
             else:
-                slot[0] = 3.0
-                slot[1:10] = (color_matrix(f) if kind == 2 else hue_matrix(f)).ravel()
+                slot[0], slot[1:10], slot[10] = 4.0, hue_matrix(f).ravel(), hue_shift(f)
         out += [float(v) for v in slot]
     return tuple(out)
 
@@ -247,14 +255,32 @@ def _invert(img: Any, p: Any) -> Any:
     return _u8(255) - img
 
 
+def _compiled(img: Any) -> bool:
+    """Whether ``img``'s graph takes PIL's arithmetic compiled (the CPU's form) for an operation DALI has no exact one of."""
+    return _form(img) == "arguments" and getattr(img, "device", "cpu") == "cpu"
+
+
 def _equalize(img: Any, p: Any) -> Any:
-    """DALI's histogram equalisation (OpenCV's lookup table; PIL's differs by a level here and there: measured)."""
+    """``ImageOps.equalize``: on the CPU PIL's own, compiled; on a GPU DALI's (OpenCV's lookup table: measured)."""
+    if _compiled(img):
+        return pil_color.equalize(img)
     _, fn, _ = _dali()
     return fn.equalize(img)
 
 
+def _hue(img: Any, p: Any, at: int = 0) -> Any:
+    """torchvision's ``adjust_hue``: on the CPU PIL's HSV round trip, compiled (the shift in ``p[at + 9]``); on a GPU
+    a turn of YIQ's chroma (the matrix in ``p[at:at + 9]``)."""
+    if _compiled(img):
+        return pil_color.hue(img, p[at + 9 : at + 10])
+    return _color(img, p, at)
+
+
 def _autocontrast(img: Any, p: Any) -> Any:
-    """``ImageOps.autocontrast`` (cutoff 0) per channel: ``int(x * scale - lo * scale)``; a flat channel as it is."""
+    """``ImageOps.autocontrast`` (cutoff 0) per channel: ``int(x * scale - lo * scale)``; a flat channel as it is. On the
+    CPU PIL's own, compiled."""
+    if _compiled(img):
+        return pil_color.autocontrast(img)
     dali, fn, types = _dali()
     lo = fn.cast(fn.reductions.min(img, axis_names="HW"), dtype=types.FLOAT)
     hi = fn.cast(fn.reductions.max(img, axis_names="HW"), dtype=types.FLOAT)
@@ -299,8 +325,11 @@ def _kept(img: Any, p: Any, at: int = 0) -> Any:
 
 
 def _jitter(img: Any, p: Any) -> Any:
-    """ColorJitter: its four slots in order, each sample's slot by its kind (DALI's conditional ``select``), each
-    rounded and clipped as PIL does after every part."""
+    """ColorJitter: its four slots in order. On the CPU PIL's own arithmetic, compiled (one operator); on a GPU
+    each sample's slot by its kind (DALI's conditional ``select``), each rounded and clipped as PIL does after every
+    part."""
+    if _compiled(img):
+        return pil_color.jitter(img, p)
     from nvidia.dali.auto_aug.core import select
 
     _, fn, types = _dali()
@@ -308,7 +337,7 @@ def _jitter(img: Any, p: Any) -> Any:
     for j in range(4):
         at = SLOT * j
         kind = fn.cast(p[at], dtype=types.INT32)
-        x = select([_kept, _brightness, _contrast, _color], kind, x, p, at=at + 1)
+        x = select([_kept, _brightness, _contrast, _color, _hue], kind, x, p, at=at + 1)
     return x
 
 
@@ -328,16 +357,35 @@ _Made = tuple[Callable[[tuple], Any], Callable[[Any, Any], Any]]
 _ENHANCE: dict[str, Callable[[float], tuple[float, ...]]] = {
     "Brightness": lambda f: (f,),
     "Contrast": lambda f: (f,),
-    "Color": lambda f: tuple(color_matrix(f).ravel()),
+    "Color": lambda f: (*color_matrix(f).ravel(), f),  # the matrix (a GPU's), then the factor (the CPU's)
     "Sharpness": lambda f: tuple(sharpness_kernel(f).ravel()),
 }
 _ENHANCE_GRAPH = {"Brightness": _brightness, "Contrast": _contrast, "Color": _color, "Sharpness": _sharpness}
 _PLAIN = {"AutoContrast": _autocontrast, "Equalize": _equalize, "Invert": _invert, "Grayscale": _grayscale}
 
 
+#: Where the factor of an ImageEnhance part is in its parameters.
+_FACTOR_AT = {"Brightness": 0, "Contrast": 0, "Color": 9}
+
+
+def _enhanced(kind: str) -> Callable[[Any, Any], Any]:
+    """An ImageEnhance part's graph: on the CPU PIL's blend, compiled (Sharpness: DALI's everywhere); on a GPU DALI's."""
+    dali_graph = _ENHANCE_GRAPH[kind]
+    if kind not in _FACTOR_AT:
+        return dali_graph
+    at = _FACTOR_AT[kind]
+
+    def graph(img: Any, p: Any) -> Any:
+        if _compiled(img):
+            return pil_color.enhance(img, p[at : at + 1], kind)
+        return dali_graph(img, p)
+
+    return graph
+
+
 def _enhance(kind: str, factor_of: Callable[[tuple], float]) -> _Made:
     make = _ENHANCE[kind]
-    return (lambda a: make(factor_of(a))), _ENHANCE_GRAPH[kind]
+    return (lambda a: make(factor_of(a))), _enhanced(kind)
 
 
 def _tv_op(name: str) -> _Made | None:

@@ -27,12 +27,19 @@ from .graphop import ARGS, GraphOp, identity
 log = logging.getLogger(__name__)
 _HUE_SAID: list[bool] = []
 
-#: What a loader with ColorJitter's hue logs once per process (the one operation whose pixels differ visibly).
+#: What a GPU loader with ColorJitter's hue logs once per process (the one operation whose pixels differ visibly).
 HUE_NOTE = (
-    "ColorJitter's hue is turned in YIQ in the graph (as DALI's hsv does), not by PIL's HSV round trip: the law "
-    "of the hue factor is torchvision's, the pixels differ (on photos, about 8 levels on average at hue 0.05, 15 at 0.1; "
-    "docs/dropin.md)"
+    "ColorJitter's hue is turned in YIQ in the GPU graph (as DALI's hsv does), not by PIL's HSV round trip (which "
+    "the CPU graph makes): the law of the hue factor is torchvision's, the pixels differ (on photos, about 8 levels "
+    "on average at hue 0.05, 15 at 0.1; docs/dropin.md)"
 )
+
+
+def note_gpu_hue(stages: Sequence[Any]) -> None:
+    """Log :data:`HUE_NOTE` once per process when one of a GPU loader's ``stages`` (GraphStage or None) turns a hue."""
+    if any(st is not None and st.turns_hue for st in stages) and not _HUE_SAID:
+        _HUE_SAID.append(True)
+        log.warning(HUE_NOTE)
 
 
 def graph_op(library: str, name: str, interpolation: str, fill: tuple[int, int, int]) -> GraphOp | None:
@@ -132,9 +139,7 @@ class GraphStage:
         # the params input exists only where an operation reads it (DALI warns of a fed input nothing uses)
         self.with_params = self.steps > 0 and any(op.takes_params for op in self.ops)
         self._lead = (1 + self.with_params) if self.steps else 0  # the feed's inputs before the erasing's
-        if _turns_hue(a) and not _HUE_SAID:
-            _HUE_SAID.append(True)
-            log.warning(HUE_NOTE)
+        self.turns_hue = _turns_hue(a)  # (a GPU graph's hue is YIQ's: note_gpu_hue)
 
     def _add(self, library: str, name: str, interp: str, fill: tuple[int, int, int]) -> int:
         key = (library, name, interp)

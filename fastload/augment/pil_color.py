@@ -1,0 +1,100 @@
+"""PIL's histogram equalisation and HSV hue shift, compiled, as DALI operators on DALI's CPU threads.
+
+DALI has no operator for either as PIL computes it: its ``equalize`` is OpenCV's lookup table (each level
+to the top of its share of the histogram; PIL's to its middle: up to 13 levels apart on photos, 127 on a
+two-level image) and its ``hsv`` turns the chroma in YIQ where torchvision's ``adjust_hue`` makes PIL's
+HSV round trip (3.7 to 15 levels apart on photos). These kernels are Pillow's own arithmetic:
+
+* :func:`equalize`: ``ImageOps.equalize`` per channel (the step from the histogram without its last
+  non-empty bin, ``lut[i] = (step // 2 + cumulative count below i) // step``, a channel of one level
+  unchanged), which torchvision's ``F.equalize`` and timm's ``equalize`` call;
+* :func:`hue`: ``Image.convert("HSV")`` (``Convert.c``'s ``rgb2hsv_row``: float32 arithmetic, the
+  hue's wrap in double), the uint8 hue plus a shift with wrap-around, and ``convert("RGB")``
+  (``hsv2rgb``: round half away from zero), as torchvision's ``adjust_hue`` does on a PIL image.
+
+Both are compiled by numba and run per sample by DALI's ``numba_function`` (:mod:`fastload.augment.compiled`).
+CPU only: a GPU graph keeps DALI's operators (:mod:`fastload.augment.ops_color`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import numpy as np
+
+from .compiled import apply, image_op
+from .kernels.layout import SLOT
+
+__all__ = [
+    "ENHANCE_KINDS", "SLOT", "autocontrast", "enhance", "equalize", "hue", "hue_shift", "jitter",
+]  # fmt: skip
+
+
+def hue_shift(hue_factor: float) -> int:
+    """torchvision's ``np.int32(hue_factor * 255).astype(np.uint8)``: the levels added to PIL's uint8 hue."""
+    return int(np.int32(float(hue_factor) * 255)) & 0xFF
+
+
+def _kernels() -> dict[str, Any]:
+    """The compiled per-sample kernels (numba imported and each compiled on first use, cached on disk)."""
+    from .kernels import enhance, histogram, hsv
+
+    return {"equalize": histogram.equalize, "autocontrast": histogram.autocontrast, "hue": hsv.hue,
+            "enhance": enhance.enhance, "jitter": enhance.jitter}  # fmt: skip
+
+
+def _runner(name: str, kind: int = 0) -> Callable[..., None]:
+    kernel = _kernels()[name]
+    if name in ("equalize", "autocontrast"):
+
+        def run(out: Any, img: Any) -> None:
+            kernel(out, img)
+
+        return run
+    if name == "enhance":
+
+        def run_kind(out: Any, img: Any, arg: Any) -> None:
+            kernel(out, img, arg, kind)
+
+        return run_kind
+
+    def run_with(out: Any, img: Any, arg: Any) -> None:
+        kernel(out, img, arg)
+
+    return run_with
+
+
+#: The ImageEnhance parts :func:`enhance` does, by name: the kind the kernel is compiled with.
+ENHANCE_KINDS = {"Brightness": 1, "Contrast": 2, "Color": 3}
+
+
+def equalize(img: Any) -> Any:
+    """``ImageOps.equalize`` of a uint8 HWC CPU DataNode, per channel."""
+    return apply(image_op("PIL's equalize", functools.partial(_runner, "equalize"), ()), img)
+
+
+def hue(img: Any, shift: Any) -> Any:
+    """torchvision's ``adjust_hue`` on a PIL image, of a uint8 HWC (RGB) CPU DataNode: ``shift`` a float32 ``[1]``
+    DataNode holding :func:`hue_shift` of the factor."""
+    return apply(image_op("PIL's HSV hue shift", functools.partial(_runner, "hue"), (("FLOAT", 1),)), img, shift)
+
+
+def autocontrast(img: Any) -> Any:
+    """``ImageOps.autocontrast`` (no cutoff) of a uint8 HWC CPU DataNode, per channel."""
+    return apply(image_op("PIL's autocontrast", functools.partial(_runner, "autocontrast"), ()), img)
+
+
+def enhance(img: Any, factor: Any, name: str) -> Any:
+    """``ImageEnhance.<name>(image).enhance(factor)`` of a uint8 HWC (RGB) CPU DataNode (``name`` one of
+    :data:`ENHANCE_KINDS`; ``factor`` a float32 ``[1]`` DataNode): PIL's float32 blend with the degenerate image."""
+    kind = ENHANCE_KINDS[name]
+    return apply(image_op(f"PIL's {name} enhance", functools.partial(_runner, "enhance", kind), (("FLOAT", 1),)), img, factor)
+
+
+def jitter(img: Any, p: Any) -> Any:
+    """torchvision's ``ColorJitter`` on a PIL image, of a uint8 HWC (RGB) CPU DataNode: its four slots in ``p`` (the
+    step's float32 parameters, laid out by :func:`fastload.augment.ops_color.jitter_slots`), each part PIL's
+    ``ImageEnhance`` blend in float32 (brightness with black, contrast with the rounded mean of ``L``, saturation with
+    each pixel's ``L``) or the hue shift, in the drawn order."""
+    return apply(image_op("PIL's ColorJitter", functools.partial(_runner, "jitter"), (("FLOAT", 1),)), img, p)
