@@ -263,3 +263,22 @@ def test_the_yiq_hue_is_noted_for_gpu_graphs_only(caplog, monkeypatch):
         st.note_gpu_hue([plain, hue])
         st.note_gpu_hue([hue])
     assert [r.getMessage() for r in caplog.records] == [st.HUE_NOTE]
+
+
+@pytest.mark.parametrize("factor", [0.7, 1.3, 0.3, 1.7])
+@pytest.mark.parametrize("name", ["Brightness", "Contrast", "Color"])
+def test_enhance_blends_are_pils_float32_arithmetic(name: str, factor: float):
+    """The CPU graph's ImageEnhance parts are PIL's blend in float32 (``Blend.c``), not the same formula in doubles:
+    a factor such as 0.7 (0.699999988 in float32) takes 10 to 7 in float32 and to 6 in doubles, so these factors
+    over every level and a million random colours tell the two apart."""
+    from PIL import ImageEnhance
+
+    rng = np.random.default_rng(11)
+    img = np.concatenate([np.repeat(np.arange(256, dtype=np.uint8)[None, :, None], 3, axis=2).repeat(4, axis=0),
+                          rng.integers(0, 256, (1020, 256, 3), dtype=np.uint8)])  # fmt: skip
+    (out,) = apply_once(color_op("timm", name, "bilinear", (0, 0, 0)), [img], [(factor,)])
+    want = np.asarray(getattr(ImageEnhance, name)(Image.fromarray(img)).enhance(factor))
+    np.testing.assert_array_equal(out, want)
+    if name == "Brightness" and factor == 0.7:  # the doubles' formula parts from PIL's here: the test sees it
+        doubles = np.floor(img.astype(np.float64) * float(np.float32(factor))).clip(0, 255)
+        assert (doubles != want).any()
