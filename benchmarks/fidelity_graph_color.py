@@ -139,7 +139,9 @@ def main() -> None:
         "Fidelity over the images and argument tables of `tests/test_graph_color.py`, uint8 levels over all values;",
         "cost: the operation alone on 32 crops of 224x224 " + ("photos" if a.photos else "noise")
         + ": CPU ms per image (all threads), the graph's on DALI's CPU backend (2 threads) and the library's own PIL",
-        "function (one thread), best of 3.",
+        "function (one thread), best of 3. Forms: `arguments` is the CPU graph's (an image statistic fed as an argument",
+        "input; PIL's own arithmetic, compiled, where DALI has no exact operator: Equalize, AutoContrast, the blends, the",
+        "jitter and its hue), `arithmetic` a GPU graph's (DALI's operators), here run on DALI's CPU backend.",
         "",
         "| library | op | form | max | mean abs | fraction > 1 level | graph CPU ms / image | PIL CPU ms / image |",
         "|---|---|---|---:|---:|---:|---:|---:|",
