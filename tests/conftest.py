@@ -27,6 +27,21 @@ from gcsserver import gcs  # noqa: F401  (fixture: a real Google Cloud Storage s
 STEP = 16
 
 
+def _numba_cache_per_kernel_sources() -> None:
+    """The compiled kernels (fastload/augment/kernels) cached per version of their sources, under .pytest_cache:
+    numba's own cache key is the file that defines an entry point, blind to a change in a kernel it calls from
+    another file, so a test never runs a kernel older than its source. Set before anything imports numba."""
+    import hashlib
+
+    root = Path(__file__).resolve().parent.parent
+    sources = sorted((root / "fastload" / "augment" / "kernels").glob("*.py"))
+    digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in sources)).hexdigest()[:16]
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(root / ".pytest_cache" / "numba" / digest))
+
+
+_numba_cache_per_kernel_sources()
+
+
 def encode_color(label: int, index: int) -> tuple[int, int, int]:
     """Solid colour of the image with ``label`` and global ``index`` (< 256, label < 16)."""
     if not (0 <= label < 16 and 0 <= index < 256):

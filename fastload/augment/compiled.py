@@ -1,57 +1,65 @@
 """Per-sample numba kernels as DALI CPU operators: the road of the operations DALI has no exact operator for.
 
-A kernel here is a numba ``njit`` function ``kernel(out, image, *inputs)`` over one uint8 HWC image, writing an
-output of the image's shape. :func:`image_op` wraps it in DALI's ``numba_function`` (CPU), which calls it per
-sample in DALI's thread pool without the GIL. Building that operator compiles its entry points (about a second), so
-each is built once per process and called for every step of every graph that needs it.
+A kernel (:mod:`fastload.augment.kernels`) works on one uint8 HWC image and writes an output of its shape; its C
+entry point (:mod:`fastload.augment.kernels.entry`) is compiled once and cached on disk. :func:`image_op` makes
+the DALI operator that calls it: DALI's ``numba_function`` (CPU), which runs it per sample in DALI's thread pool
+without the GIL. That operator is given the cached entry points' addresses, so building one compiles nothing
+(``numba_function`` itself would compile fresh wrappers in every process: seconds per operator).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any
 
 log = logging.getLogger(__name__)
-
-
-def _same_shape(outs: Any, ins: Any) -> None:
-    """numba_function's setup: each output sample has its image's shape."""
-    out0 = outs[0]
-    in0 = ins[0]
-    for i in range(len(out0)):
-        for d in range(3):
-            out0[i][d] = in0[i][d]
-
 
 _BUILT: dict[str, Any] = {}
 _LOCK = threading.Lock()
 
 
-def image_op(name: str, make_run: Callable[[], Callable[..., None]], inputs: Sequence[tuple[str, int]]) -> Any:
-    """The DALI CPU operator named ``name`` that runs ``make_run()`` (a plain function ``run(out, image, *inputs)``
-    calling a compiled kernel) on a uint8 HWC image and ``inputs``, each ``(DALI type name, ndim)``: built on the
-    first call for each ``name`` in a process, that one returned after."""
+def image_op(entry: str) -> Any:
+    """The DALI CPU operator of the kernel entry point ``entry`` (a key of ``kernels.entry.ENTRIES``) on a uint8 HWC
+    image and its inputs: made on the first call for each ``entry`` in a process, that one returned after."""
     from nvidia.dali.pipeline import do_not_convert  # a graph with conditionals must not rewrite the kernels' code
 
     with _LOCK:
-        if name not in _BUILT:
-            _BUILT[name] = do_not_convert(_build)(name, make_run, inputs)
-        return _BUILT[name]
+        if entry not in _BUILT:
+            _BUILT[entry] = do_not_convert(_build)(entry)
+        return _BUILT[entry]
 
 
-def _build(name: str, make_run: Callable[[], Callable[..., None]], inputs: Sequence[tuple[str, int]]) -> Any:
+@functools.lru_cache(maxsize=None)
+def _operator_class() -> type:
+    """``numba_function``'s operator, given compiled entry points instead of Python functions to compile."""
     from nvidia.dali.plugin.numba import NumbaFunction
+
+    class Compiled(NumbaFunction):  # type: ignore[misc, valid-type]
+        def __init__(self, run: int, setup: int, in_types: list, ins_ndim: list, out_type: Any) -> None:
+            super(NumbaFunction, self).__init__(device="cpu")  # the operator itself: nothing compiled here
+            self.run_fn, self.setup_fn, self.batch_processing = run, setup, False
+            self.in_types, self.ins_ndim, self.out_types, self.outs_ndim = in_types, ins_ndim, [out_type], [3]
+            self.num_outputs, self._preserve, self.blocks, self.threads_per_block = 1, True, None, None
+
+    return Compiled
+
+
+def _build(entry: str) -> Any:
+    import sys
 
     from ..pipeline import import_dali
 
+    if "fastload.augment.kernels.entry" not in sys.modules:
+        log.info("loading fastload's compiled CPU kernels (compiled the first time on a machine, about 15 s; cached after)")
+    from .kernels.entry import ENTRIES, same_shape
+
     types = import_dali()[2]
-    log.debug("compiling %s for DALI's CPU threads", name)
-    return NumbaFunction(
-        run_fn=make_run(), setup_fn=_same_shape, device="cpu", batch_processing=False,
-        in_types=[types.UINT8, *(getattr(types, t) for t, _ in inputs)], ins_ndim=[3, *(n for _, n in inputs)],
-        out_types=[types.UINT8], outs_ndim=[3],
-    )  # fmt: skip
+    run, inputs = ENTRIES[entry]
+    log.debug("loading the compiled %s kernel for DALI's CPU threads", entry)
+    in_types = [types.UINT8, *(getattr(types, t) for t, _ in inputs)]
+    return _operator_class()(run.address, same_shape.address, in_types, [3, *(n for _, n in inputs)], types.UINT8)
 
 
 def apply(op: Any, img: Any, *inputs: Any) -> Any:

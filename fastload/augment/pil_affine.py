@@ -17,8 +17,7 @@ CPU only: a GPU graph keeps DALI's ``warp_affine`` (:mod:`fastload.augment.ops_g
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable
+from typing import Any
 
 from .compiled import apply, image_op
 from .kernels.layout import FILL_AT
@@ -28,21 +27,9 @@ __all__ = ["FILL_AT", "FILTERS", "warp"]
 FILTERS = ("bilinear", "bicubic")
 
 
-def _runner(interpolation: str) -> Callable[..., None]:
-    from .kernels.affine import warp as kernel
-
-    bicubic = interpolation == "bicubic"
-
-    def run(out: Any, img: Any, m: Any, p: Any) -> None:
-        kernel(out, img, m, p, bicubic)
-
-    return run
-
-
 def warp(img: Any, m64: Any, p: Any, interpolation: str) -> Any:
     """``img`` (a uint8 HWC CPU DataNode) warped as PIL's ``Image.transform(..., AFFINE, m64, resample)`` with the
     fill in ``p[FILL_AT:]``: ``m64`` a float64 ``[6]`` DataNode, ``p`` the step's float32 parameters."""
     if interpolation not in FILTERS:
         raise ValueError(f"interpolation {interpolation!r} is not one of {FILTERS}")
-    op = image_op(f"PIL's {interpolation} affine filter", functools.partial(_runner, interpolation), (("FLOAT64", 1), ("FLOAT", 1)))
-    return apply(op, img, m64, p)
+    return apply(image_op(interpolation), img, m64, p)

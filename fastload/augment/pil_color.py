@@ -18,8 +18,7 @@ CPU only: a GPU graph keeps DALI's operators (:mod:`fastload.augment.ops_color`)
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -36,60 +35,32 @@ def hue_shift(hue_factor: float) -> int:
     return int(np.int32(float(hue_factor) * 255)) & 0xFF
 
 
-def _kernels() -> dict[str, Any]:
-    """The compiled per-sample kernels (numba imported and each compiled on first use, cached on disk)."""
-    from .kernels import enhance, histogram, hsv
-
-    return {"equalize": histogram.equalize, "autocontrast": histogram.autocontrast, "hue": hsv.hue,
-            "enhance": enhance.enhance, "jitter": enhance.jitter}  # fmt: skip
-
-
-def _runner(name: str, kind: int = 0) -> Callable[..., None]:
-    kernel = _kernels()[name]
-    if name in ("equalize", "autocontrast"):
-
-        def run(out: Any, img: Any) -> None:
-            kernel(out, img)
-
-        return run
-    if name == "enhance":
-
-        def run_kind(out: Any, img: Any, arg: Any) -> None:
-            kernel(out, img, arg, kind)
-
-        return run_kind
-
-    def run_with(out: Any, img: Any, arg: Any) -> None:
-        kernel(out, img, arg)
-
-    return run_with
-
-
 #: The ImageEnhance parts :func:`enhance` does, by name: the kind the kernel is compiled with.
 ENHANCE_KINDS = {"Brightness": 1, "Contrast": 2, "Color": 3}
 
 
 def equalize(img: Any) -> Any:
     """``ImageOps.equalize`` of a uint8 HWC CPU DataNode, per channel."""
-    return apply(image_op("PIL's equalize", functools.partial(_runner, "equalize"), ()), img)
+    return apply(image_op("equalize"), img)
 
 
 def hue(img: Any, shift: Any) -> Any:
     """torchvision's ``adjust_hue`` on a PIL image, of a uint8 HWC (RGB) CPU DataNode: ``shift`` a float32 ``[1]``
     DataNode holding :func:`hue_shift` of the factor."""
-    return apply(image_op("PIL's HSV hue shift", functools.partial(_runner, "hue"), (("FLOAT", 1),)), img, shift)
+    return apply(image_op("hue"), img, shift)
 
 
 def autocontrast(img: Any) -> Any:
     """``ImageOps.autocontrast`` (no cutoff) of a uint8 HWC CPU DataNode, per channel."""
-    return apply(image_op("PIL's autocontrast", functools.partial(_runner, "autocontrast"), ()), img)
+    return apply(image_op("autocontrast"), img)
 
 
 def enhance(img: Any, factor: Any, name: str) -> Any:
     """``ImageEnhance.<name>(image).enhance(factor)`` of a uint8 HWC (RGB) CPU DataNode (``name`` one of
     :data:`ENHANCE_KINDS`; ``factor`` a float32 ``[1]`` DataNode): PIL's float32 blend with the degenerate image."""
-    kind = ENHANCE_KINDS[name]
-    return apply(image_op(f"PIL's {name} enhance", functools.partial(_runner, "enhance", kind), (("FLOAT", 1),)), img, factor)
+    if name not in ENHANCE_KINDS:
+        raise ValueError(f"{name!r} is not one of {sorted(ENHANCE_KINDS)}")
+    return apply(image_op(name), img, factor)
 
 
 def jitter(img: Any, p: Any) -> Any:
@@ -97,4 +68,4 @@ def jitter(img: Any, p: Any) -> Any:
     step's float32 parameters, laid out by :func:`fastload.augment.ops_color.jitter_slots`), each part PIL's
     ``ImageEnhance`` blend in float32 (brightness with black, contrast with the rounded mean of ``L``, saturation with
     each pixel's ``L``) or the hue shift, in the drawn order."""
-    return apply(image_op("PIL's ColorJitter", functools.partial(_runner, "jitter"), (("FLOAT", 1),)), img, p)
+    return apply(image_op("jitter"), img, p)

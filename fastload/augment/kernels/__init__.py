@@ -5,4 +5,8 @@ One module per job: ``affine`` (the bilinear and bicubic affine filters), ``hist
 ``enhance`` (the ImageEnhance blends and ColorJitter), ``hsv`` (the hue shift), ``pixel`` (the scalar helpers they
 share) and ``layout`` (where each reads its arguments). The modules with kernels import numba, so they are imported
 only when a CPU graph is built; ``layout`` and this package do not.
+
+numba caches each compiled entry point on disk (beside the package, or under ``NUMBA_CACHE_DIR``) keyed by the
+file that defines it (``entry``), not by the files of the kernels it calls: after editing a kernel module, delete
+``kernels/__pycache__`` (the tests key their own cache by these sources: ``tests/conftest.py``).
 """
