@@ -379,9 +379,28 @@ def build_views_pipeline(spec: GraphSpec, source: Callable[[], tuple], *, build:
             outs.append(_view(view, img, anchor, shape, flip, inputs, op_device))
         return tuple(outs)
 
-    pipe = graph()
-    if build:
-        pipe.build()
+    return defined(graph, build=build)
+
+
+def defined(graph: Callable[[], Any], *, build: bool = True) -> Any:
+    """The pipeline ``graph()`` defines, built when ``build``; a FastloadError raised while DALI defines it comes out
+    as itself (DALI's conditionals wrap what the graph's code raises in their own error: a missing dependency, a
+    refused step)."""
+    from .errors import FastloadError
+
+    try:
+        pipe = graph()
+        if build:
+            pipe.build()
+    except FastloadError:
+        raise
+    except Exception as e:
+        inner = e.__cause__ or e.__context__
+        while inner is not None:
+            if isinstance(inner, FastloadError):
+                raise inner from e
+            inner = inner.__cause__ or inner.__context__
+        raise
     return pipe
 
 
@@ -460,10 +479,7 @@ def build_pipeline(spec: GraphSpec, source: Callable[[], tuple], *, build: bool 
         img = _channels(spec, img, op_device)
         return fn.crop_mirror_normalize(img, device=op_device, **_normalise_kw(spec), **crop_kw)
 
-    pipe = graph()
-    if build:
-        pipe.build()
-    return pipe
+    return defined(graph, build=build)
 
 
 def build_augment_pipeline(spec: GraphSpec, source: Callable[[], tuple], *, build: bool = True):
@@ -499,10 +515,7 @@ def build_augment_pipeline(spec: GraphSpec, source: Callable[[], tuple], *, buil
                 outs.append(fn.crop_mirror_normalize(img, device="cpu", **_normalise_kw(view)))
         return tuple(outs)
 
-    pipe = graph()
-    if build:
-        pipe.build()
-    return pipe
+    return defined(graph, build=build)
 
 
 #: The inputs of :func:`build_detection_pipeline`, fed by name with ``feed_input`` before each run.
@@ -536,7 +549,4 @@ def build_detection_pipeline(spec: GraphSpec, *, build: bool = True):
         img = fn.resize(img, device=op_device, size=size, interp_type=types.INTERP_LINEAR, antialias=True)
         return fn.flip(img, device=op_device, horizontal=flip, vertical=0)
 
-    pipe = graph()
-    if build:
-        pipe.build()
-    return pipe
+    return defined(graph, build=build)

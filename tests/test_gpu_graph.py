@@ -45,6 +45,8 @@ def _check(ops: list[tuple[str, str, list[str]]]) -> None:
     assert not missing, f"operators with no implementation on the backend they are placed on: {missing}"
     back = sorted({name for name, dev, ins in ops if dev in ("cpu", "mixed") and "gpu" in ins and name not in _METADATA})
     assert not back, f"operators reading device data on the host: {back}"
+    compiled = sorted({name for name, _, _ in ops if "Numba" in name})
+    assert not compiled, f"the CPU graph's compiled kernels in a GPU graph: {compiled}"
 
 
 def _graph(folder, transform, **kw) -> list[tuple[str, str, list[str]]]:
@@ -103,6 +105,22 @@ def test_the_gpu_graph_of_each_recipe_is_defined_on_backends_that_have_its_opera
     on_gpu = {n for n, dev, _ in ops if dev == "gpu"}
     assert expected <= on_gpu, f"{name}: {sorted(expected - on_gpu)} not on the GPU; it has {sorted(on_gpu)}"
     assert any(dev == "mixed" and n.startswith("decoders__") for n, dev, _ in ops), "the decoder is not the mixed one"
+
+
+@pytest.mark.parametrize(("name", "compiled"), [("deit pixel erasing", 6), ("colour chain", 1), ("timm autoaugment", 6)])
+def test_the_cpu_graph_runs_pils_compiled_kernels_where_the_gpu_graph_runs_dalis(name, compiled, make_folder):
+    """The same recipe's CPU stage graph (host finish) has the compiled kernels (numba_function) in place of DALI's
+    warps, equalize and blends: one operator per kind of step its table holds (DeiT: the bicubic warp, equalize,
+    autocontrast, brightness, contrast, colour; the chain: its jitter), none of them in its GPU graph (above)."""
+    from fastload.pipeline import build_augment_pipeline
+
+    ds = torchvision.datasets.ImageFolder(str(make_folder(classes=2, per_class=2, size=(80, 60))), transform=RECIPES[name][0]())
+    with fastload.FastLoader(ds, 4, device="cpu", progress=False) as loader:
+        spec = loader._core.graph_spec()
+        ops = _operators(build_augment_pipeline(spec, lambda: (), build=False))
+    assert len({n for n, _, _ in ops if "Numba" in n}) == 1  # one schema ...
+    assert sum("Numba" in n for n, _, _ in ops) >= compiled  # ... placed once per step that can draw each kind
+    assert all(dev == "cpu" for _, dev, _ in ops)
 
 
 def test_the_gpu_graph_of_a_multi_view_transform_is_defined(make_folder):

@@ -181,3 +181,37 @@ def test_names_and_refusals() -> None:
         geometry_op("timm", "Rotate", "nearest", (0, 0))
     with pytest.raises(ValueError, match="cpu_warp"):
         geometry_op("timm", "Rotate", "bilinear", (0, 0, 0), cpu_warp="opencv")
+
+
+def test_without_numba_a_cpu_warp_is_refused_naming_it_and_works_once_installed(monkeypatch, make_folder, tmp_path):
+    """numba missing: building the CPU graph's bicubic warp, alone or in a loader with DeiT's transform, raises a
+    DependencyError that names numba and what needs it; with numba importable again (the advice followed) the same
+    operation builds and matches PIL, and the loader gives its batch."""
+    import sys
+
+    import torchvision
+    from timm.data import create_transform
+
+    import fastload
+    from fastload.augment import compiled
+    from fastload.errors import DependencyError
+
+    img = noise_image(40, 40, seed=21)
+    deit = create_transform(32, is_training=True, auto_augment="rand-m9-mstd0.5-inc1", interpolation="bicubic")
+    ds = torchvision.datasets.ImageFolder(str(make_folder(classes=2, per_class=3, size=(48, 40))), transform=deit)
+    advice = r"numba is not importable .*pip install 'numba>=0\.57'"
+    with monkeypatch.context() as m:
+        m.setattr(compiled, "_BUILT", {})
+        for name in [n for n in sys.modules if n.startswith("fastload.augment.kernels.")]:
+            m.delitem(sys.modules, name)
+        m.setitem(sys.modules, "numba", None)
+        with pytest.raises(DependencyError, match=advice):
+            apply_once(geometry_op("timm", "Rotate", "bicubic", FILLS["timm"]), [img], [(9.0,)])
+        with pytest.raises(DependencyError, match=advice):
+            with fastload.FastLoader(ds, 4, device="cpu", progress=False, cache_dir=tmp_path / "c") as loader:
+                next(iter(loader))
+    (ours,) = apply_once(geometry_op("timm", "Rotate", "bicubic", FILLS["timm"]), [img], [(9.0,)])
+    np.testing.assert_array_equal(ours, library_output(img, "timm", "Rotate", 9.0, "bicubic", FILLS["timm"]))
+    with fastload.FastLoader(ds, 4, device="cpu", progress=False, cache_dir=tmp_path / "c") as loader:
+        x, y = next(iter(loader))
+    assert x.shape == (4, 3, 32, 32) and len(y) == 4

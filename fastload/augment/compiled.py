@@ -53,7 +53,15 @@ def _build(entry: str) -> Any:
 
     if "fastload.augment.kernels.entry" not in sys.modules:
         log.info("loading fastload's compiled CPU kernels (compiled the first time on a machine, about 15 s; cached after)")
-    from .kernels.entry import ENTRIES, same_shape
+    try:
+        from .kernels.entry import ENTRIES, same_shape
+    except ImportError as e:  # numba missing or broken: say which, and what needs it
+        from ..errors import DependencyError
+
+        raise DependencyError(
+            f"numba is not importable ({e}): a CPU loader runs PIL's geometry, equalize, blends and ColorJitter as "
+            "numba kernels in DALI's threads; pip install 'numba>=0.57'"
+        ) from None
 
     types = import_dali()[2]
     run, inputs = ENTRIES[entry]

@@ -75,7 +75,7 @@ def identity(library: str, interpolation: str = "bilinear") -> GraphOp:
 
 def apply_once(op: GraphOp, images: Sequence[np.ndarray], args: Sequence[tuple], *, num_threads: int = 1) -> list[np.ndarray]:
     """``op`` on each HWC uint8 image with its step's ``args``, in a CPU pipeline of its own; HWC uint8 out."""
-    from ..pipeline import import_dali
+    from ..pipeline import defined, import_dali
 
     dali, fn, types = import_dali()
     imgs = [np.ascontiguousarray(i, dtype=np.uint8) for i in images]
@@ -89,7 +89,6 @@ def apply_once(op: GraphOp, images: Sequence[np.ndarray], args: Sequence[tuple],
         p = fn.external_source(source=lambda: params, batch=True, dtype=types.FLOAT, ndim=1)
         return op.graph(img, p)
 
-    pp = pipe()
-    pp.build()
+    pp = defined(pipe)
     (out,) = pp.run()
     return [np.array(out[i]) for i in range(len(imgs))]

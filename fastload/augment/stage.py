@@ -335,7 +335,7 @@ def apply_plans(
     """Each HWC uint8 image through its planned steps ``(name, args, interpolation)``, as the loader's graph applies them
     (one ``select`` per step), in a CPU pipeline of its own; HWC uint8 out. What the comparisons with torchvision's and
     timm's own functions use."""
-    from ..pipeline import import_dali
+    from ..pipeline import defined, import_dali
 
     dali, fn, types = import_dali()
     three = _three(fill)
@@ -363,7 +363,6 @@ def apply_plans(
         p = fn.external_source(source=lambda: par, batch=True, dtype=types.FLOAT, ndim=2)
         return select_steps(table, img, i, p, steps)
 
-    pp = pipe()
-    pp.build()
+    pp = defined(pipe)
     (out,) = pp.run()
     return [np.array(out[k]) for k in range(len(imgs))]
