@@ -231,7 +231,7 @@ def _every_colour() -> np.ndarray:
     return np.stack([(c >> 16) & 255, (c >> 8) & 255, c & 255], -1).astype(np.uint8).reshape(4096, 4096, 3)
 
 
-@pytest.mark.parametrize("hue", [0.0, 0.05, -0.1, -0.5])
+@pytest.mark.parametrize("hue", [0.0, -0.1, pytest.param(0.05, marks=pytest.mark.slow), pytest.param(-0.5, marks=pytest.mark.slow)])
 def test_jitter_hue_is_pils_on_every_colour(hue: float):
     """The CPU graph's hue part is torchvision's adjust_hue on the PIL image (PIL's HSV round trip, float32 inside,
     the uint8 hue wrapped) for every one of the 2**24 colours; at 0 the round trip's own losses are kept too."""

@@ -1,19 +1,24 @@
-"""PIL's histogram equalisation and HSV hue shift, compiled, as DALI operators on DALI's CPU threads.
+"""PIL's colour operations that DALI has no exact operator for, compiled, as DALI operators on its CPU threads.
 
-DALI has no operator for either as PIL computes it: its ``equalize`` is OpenCV's lookup table (each level
-to the top of its share of the histogram; PIL's to its middle: up to 13 levels apart on photos, 127 on a
-two-level image) and its ``hsv`` turns the chroma in YIQ where torchvision's ``adjust_hue`` makes PIL's
-HSV round trip (3.7 to 15 levels apart on photos). These kernels are Pillow's own arithmetic:
+DALI's ``equalize`` is OpenCV's lookup table (each level to the top of its share of the histogram; PIL's to
+its middle: up to 13 levels apart on photos, 128 on a two-level image), its ``hsv`` turns the chroma in YIQ
+where torchvision's ``adjust_hue`` makes PIL's HSV round trip (3.7 to 15 levels apart on photos), and its fused
+float32 operators come within a level of PIL's blends and autocontrast. These are Pillow's own arithmetic
+(:mod:`fastload.augment.kernels`):
 
 * :func:`equalize`: ``ImageOps.equalize`` per channel (the step from the histogram without its last
   non-empty bin, ``lut[i] = (step // 2 + cumulative count below i) // step``, a channel of one level
   unchanged), which torchvision's ``F.equalize`` and timm's ``equalize`` call;
+* :func:`autocontrast`: ``ImageOps.autocontrast`` without cutoff, per channel;
+* :func:`enhance`: ``ImageEnhance``'s Brightness, Contrast and Color (``Blend.c``'s float32 blend with black,
+  the rounded mean of ``L``, or each pixel's ``L``);
 * :func:`hue`: ``Image.convert("HSV")`` (``Convert.c``'s ``rgb2hsv_row``: float32 arithmetic, the
   hue's wrap in double), the uint8 hue plus a shift with wrap-around, and ``convert("RGB")``
-  (``hsv2rgb``: round half away from zero), as torchvision's ``adjust_hue`` does on a PIL image.
+  (``hsv2rgb``: round half away from zero), as torchvision's ``adjust_hue`` does on a PIL image;
+* :func:`jitter`: torchvision's ``ColorJitter``, its four parts in the drawn order, each one of the above.
 
-Both are compiled by numba and run per sample by DALI's ``numba_function`` (:mod:`fastload.augment.compiled`).
-CPU only: a GPU graph keeps DALI's operators (:mod:`fastload.augment.ops_color`).
+Each runs per sample in DALI's ``numba_function`` (:mod:`fastload.augment.compiled`). CPU only: a GPU graph
+keeps DALI's operators (:mod:`fastload.augment.ops_color`).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from .compiled import apply, image_op
 from .kernels.layout import SLOT
 
 __all__ = [
-    "ENHANCE_KINDS", "SLOT", "autocontrast", "enhance", "equalize", "hue", "hue_shift", "jitter",
+    "ENHANCE_NAMES", "SLOT", "autocontrast", "enhance", "equalize", "hue", "hue_shift", "jitter",
 ]  # fmt: skip
 
 
@@ -35,8 +40,8 @@ def hue_shift(hue_factor: float) -> int:
     return int(np.int32(float(hue_factor) * 255)) & 0xFF
 
 
-#: The ImageEnhance parts :func:`enhance` does, by name: the kind the kernel is compiled with.
-ENHANCE_KINDS = {"Brightness": 1, "Contrast": 2, "Color": 3}
+#: The ImageEnhance parts :func:`enhance` does.
+ENHANCE_NAMES = ("Brightness", "Contrast", "Color")
 
 
 def equalize(img: Any) -> Any:
@@ -57,9 +62,9 @@ def autocontrast(img: Any) -> Any:
 
 def enhance(img: Any, factor: Any, name: str) -> Any:
     """``ImageEnhance.<name>(image).enhance(factor)`` of a uint8 HWC (RGB) CPU DataNode (``name`` one of
-    :data:`ENHANCE_KINDS`; ``factor`` a float32 ``[1]`` DataNode): PIL's float32 blend with the degenerate image."""
-    if name not in ENHANCE_KINDS:
-        raise ValueError(f"{name!r} is not one of {sorted(ENHANCE_KINDS)}")
+    :data:`ENHANCE_NAMES`; ``factor`` a float32 ``[1]`` DataNode): PIL's float32 blend with the degenerate image."""
+    if name not in ENHANCE_NAMES:
+        raise ValueError(f"{name!r} is not one of {ENHANCE_NAMES}")
     return apply(image_op(name), img, factor)
 
 
