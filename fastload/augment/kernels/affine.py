@@ -54,9 +54,16 @@ def warp(out: Any, img: Any, m: Any, p: Any, bicubic: bool) -> None:  # PIL's Im
             r0, r1 = min(max(yi - 1, 0), h - 1), min(max(yi, 0), h - 1)
             r2, r3 = min(max(yi + 1, 0), h - 1), min(max(yi + 2, 0), h - 1)
             for c in range(ch):
-                v1 = cubic(float(img[r0, x0, c]), float(img[r0, x1, c]), float(img[r0, x2, c]), float(img[r0, x3, c]), dx)
-                v2 = cubic(float(img[r1, x0, c]), float(img[r1, x1, c]), float(img[r1, x2, c]), float(img[r1, x3, c]), dx)
-                v3 = cubic(float(img[r2, x0, c]), float(img[r2, x1, c]), float(img[r2, x2, c]), float(img[r2, x3, c]), dx)
-                v4 = cubic(float(img[r3, x0, c]), float(img[r3, x1, c]), float(img[r3, x2, c]), float(img[r3, x3, c]), dx)
-                v = cubic(v1, v2, v3, v4, dy)
+                # the cubic at d = 0 is its second value exactly (p1 + 0 * ...): a horizontal translation (dy = 0)
+                # needs only the second row's pass, a vertical one (dx = 0) only the middle column's taps
+                if dy == 0.0:
+                    v = cubic(float(img[r1, x0, c]), float(img[r1, x1, c]), float(img[r1, x2, c]), float(img[r1, x3, c]), dx)
+                elif dx == 0.0:
+                    v = cubic(float(img[r0, x1, c]), float(img[r1, x1, c]), float(img[r2, x1, c]), float(img[r3, x1, c]), dy)
+                else:
+                    v1 = cubic(float(img[r0, x0, c]), float(img[r0, x1, c]), float(img[r0, x2, c]), float(img[r0, x3, c]), dx)
+                    v2 = cubic(float(img[r1, x0, c]), float(img[r1, x1, c]), float(img[r1, x2, c]), float(img[r1, x3, c]), dx)
+                    v3 = cubic(float(img[r2, x0, c]), float(img[r2, x1, c]), float(img[r2, x2, c]), float(img[r2, x3, c]), dx)
+                    v4 = cubic(float(img[r3, x0, c]), float(img[r3, x1, c]), float(img[r3, x2, c]), float(img[r3, x3, c]), dx)
+                    v = cubic(v1, v2, v3, v4, dy)
                 out[y, x, c] = np.uint8(0) if v <= 0.0 else (np.uint8(255) if v >= 255.0 else np.uint8(int(v)))
