@@ -268,14 +268,6 @@ def _equalize(img: Any, p: Any) -> Any:
     return fn.equalize(img)
 
 
-def _hue(img: Any, p: Any, at: int = 0) -> Any:
-    """torchvision's ``adjust_hue``: on the CPU PIL's HSV round trip, compiled (the shift in ``p[at + 9]``); on a GPU
-    a turn of YIQ's chroma (the matrix in ``p[at:at + 9]``)."""
-    if _compiled(img):
-        return pil_color.hue(img, p[at + 9 : at + 10])
-    return _color(img, p, at)
-
-
 def _autocontrast(img: Any, p: Any) -> Any:
     """``ImageOps.autocontrast`` (cutoff 0) per channel: ``int(x * scale - lo * scale)``; a flat channel as it is. On the
     CPU PIL's own, compiled."""
@@ -337,7 +329,7 @@ def _jitter(img: Any, p: Any) -> Any:
     for j in range(4):
         at = SLOT * j
         kind = fn.cast(p[at], dtype=types.INT32)
-        x = select([_kept, _brightness, _contrast, _color, _hue], kind, x, p, at=at + 1)
+        x = select([_kept, _brightness, _contrast, _color, _color], kind, x, p, at=at + 1)  # (the hue: its YIQ matrix)
     return x
 
 

@@ -12,10 +12,11 @@ float32 operators come within a level of PIL's blends and autocontrast. These ar
 * :func:`autocontrast`: ``ImageOps.autocontrast`` without cutoff, per channel;
 * :func:`enhance`: ``ImageEnhance``'s Brightness, Contrast and Color (``Blend.c``'s float32 blend with black,
   the rounded mean of ``L``, or each pixel's ``L``);
-* :func:`hue`: ``Image.convert("HSV")`` (``Convert.c``'s ``rgb2hsv_row``: float32 arithmetic, the
+* the hue, inside :func:`jitter`: ``Image.convert("HSV")`` (``Convert.c``'s ``rgb2hsv_row``: float32 arithmetic, the
   hue's wrap in double), the uint8 hue plus a shift with wrap-around, and ``convert("RGB")``
   (``hsv2rgb``: round half away from zero), as torchvision's ``adjust_hue`` does on a PIL image;
-* :func:`jitter`: torchvision's ``ColorJitter``, its four parts in the drawn order, each one of the above.
+* :func:`jitter`: torchvision's ``ColorJitter``, its four parts in the drawn order (brightness, contrast,
+  saturation as :func:`enhance`, the hue as above).
 
 Each runs per sample in DALI's ``numba_function`` (:mod:`fastload.augment.compiled`). CPU only: a GPU graph
 keeps DALI's operators (:mod:`fastload.augment.ops_color`).
@@ -31,7 +32,7 @@ from .compiled import apply, image_op
 from .kernels.layout import SLOT
 
 __all__ = [
-    "ENHANCE_NAMES", "SLOT", "autocontrast", "enhance", "equalize", "hue", "hue_shift", "jitter",
+    "ENHANCE_NAMES", "SLOT", "autocontrast", "enhance", "equalize", "hue_shift", "jitter",
 ]  # fmt: skip
 
 
@@ -47,12 +48,6 @@ ENHANCE_NAMES = ("Brightness", "Contrast", "Color")
 def equalize(img: Any) -> Any:
     """``ImageOps.equalize`` of a uint8 HWC CPU DataNode, per channel."""
     return apply(image_op("equalize"), img)
-
-
-def hue(img: Any, shift: Any) -> Any:
-    """torchvision's ``adjust_hue`` on a PIL image, of a uint8 HWC (RGB) CPU DataNode: ``shift`` a float32 ``[1]``
-    DataNode holding :func:`hue_shift` of the factor."""
-    return apply(image_op("hue"), img, shift)
 
 
 def autocontrast(img: Any) -> Any:

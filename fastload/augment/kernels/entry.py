@@ -19,7 +19,6 @@ from numba.core import cgutils
 from .affine import warp
 from .enhance import enhance, jitter
 from .histogram import autocontrast, equalize
-from .hsv import hue
 
 #: A sample's entry point: (outputs, their shapes, their ndims, count, inputs, their shapes, their ndims, count).
 RUN = types.void(types.uint64, types.uint64, types.uint64, types.int32, types.uint64, types.uint64, types.uint64, types.int32)
@@ -92,11 +91,6 @@ def run_autocontrast(o: int, os: int, on: int, no: int, i: int, is_: int, in_: i
 
 
 @cfunc(RUN, cache=True, nopython=True)
-def run_hue(o: int, os: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
-    hue(_image(o, os, 0), _image(i, is_, 0), _floats(i, is_, 1))
-
-
-@cfunc(RUN, cache=True, nopython=True)
 def run_brightness(o: int, os: int, on: int, no: int, i: int, is_: int, in_: int, ni: int) -> None:
     enhance(_image(o, os, 0), _image(i, is_, 0), _floats(i, is_, 1), 1)
 
@@ -122,7 +116,6 @@ ENTRIES: dict[str, tuple[Any, tuple[tuple[str, int], ...]]] = {
     "bicubic": (run_bicubic, (("FLOAT64", 1), ("FLOAT", 1))),
     "equalize": (run_equalize, ()),
     "autocontrast": (run_autocontrast, ()),
-    "hue": (run_hue, (("FLOAT", 1),)),
     "Brightness": (run_brightness, (("FLOAT", 1),)),
     "Contrast": (run_contrast, (("FLOAT", 1),)),
     "Color": (run_color, (("FLOAT", 1),)),

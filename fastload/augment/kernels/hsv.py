@@ -57,11 +57,3 @@ def hue_pixel(r: int, g: int, b: int, shift: int) -> tuple:  # RGB -> HSV, hue +
     if k == 4:
         return ut, up, vv
     return vv, up, uq
-
-
-@numba.njit(cache=True, nogil=True)
-def hue(out: Any, img: Any, shift_in: Any) -> None:
-    shift = int(shift_in[0])
-    for y in range(img.shape[0]):
-        for x in range(img.shape[1]):
-            out[y, x, 0], out[y, x, 1], out[y, x, 2] = hue_pixel(int(img[y, x, 0]), int(img[y, x, 1]), int(img[y, x, 2]), shift)
