@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from fastload.augment.graphop import apply_once  # noqa: E402
+from fastload.augment.rounds import apply_once  # noqa: E402
 from fastload.augment.ops_color import color_op, statistics_form  # noqa: E402
 from test_graph_color import CASES, IMAGES, TWO_FORMS, _timm, _tv  # noqa: E402
 

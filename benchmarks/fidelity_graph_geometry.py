@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from fastload.augment.graphop import apply_once  # noqa: E402
+from fastload.augment.rounds import apply_once  # noqa: E402
 from fastload.augment.ops_geometry import GEOMETRY_NAMES, geometry_op  # noqa: E402
 from test_graph_geometry import FILLS, MAGNITUDES, gradient_image, library_output, noise_image  # noqa: E402
 

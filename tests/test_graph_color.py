@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from fastload.augment.graphop import apply_once
+from fastload.augment.rounds import apply_once
 from fastload.augment.ops_color import COLOR_NAMES, box_weights, color_op, statistics_form
 
 NAN = math.nan
@@ -90,8 +90,6 @@ TIMM_ARGS = {
 BOUNDS = {
     ("torchvision", "GaussianBlur"): (1, 0.0),  # DALI's kernel and rounding: a level at ties, 0.03 % of values
     ("timm", "GaussianBlur"): (2, 0.001),  # six rounded float passes for Pillow's integer ones: 0.01 % off by 2
-    # one fused float32 filter where PIL rounds the smoothed image first: a level at most
-    ("torchvision", "Sharpness"): (1, 0.0), ("timm", "Sharpness"): (1, 0.0), ("timm", "SharpnessIncreasing"): (1, 0.0),
 }  # fmt: skip
 
 #: The GPU's form (DALI's operators) where it is further: DALI's equalize is OpenCV's (max 23, mean 6.3 levels off
@@ -100,13 +98,15 @@ ARITHMETIC_BOUNDS = {
     ("torchvision", "Equalize"): (23, 0.62), ("timm", "Equalize"): (23, 0.62),
     **{(lib, n): (1, 0.0) for lib in ("torchvision", "timm") for n in ("Color", "Contrast", "AutoContrast")},
     ("torchvision", "ColorJitter"): (2, 0.001),
+    # one fused float32 filter where PIL rounds the smoothed image first: a level at most
+    ("torchvision", "Sharpness"): (1, 0.0), ("timm", "Sharpness"): (1, 0.0), ("timm", "SharpnessIncreasing"): (1, 0.0),
     **{("timm", n): (1, 0.0) for n in ("ColorIncreasing", "ContrastIncreasing", "Desaturate")},
 }  # fmt: skip
 
-#: The operations with two forms (a statistic fed as an argument input or as arithmetic; PIL's arithmetic compiled or
-#: DALI's operator): built in both (the CPU's and the GPU's).
+#: The operations with two forms (PIL's arithmetic compiled, the CPU's; DALI's operators, the GPU's): built in both.
 TWO_FORMS = {"Contrast", "ContrastIncreasing", "AutoContrast", "ColorJitter", "Equalize", "Brightness", "BrightnessIncreasing",
-             "Color", "ColorIncreasing", "Desaturate"}  # fmt: skip
+             "Color", "ColorIncreasing", "Desaturate", "Sharpness", "SharpnessIncreasing", "Posterize", "PosterizeIncreasing",
+             "PosterizeOriginal", "Solarize", "SolarizeIncreasing", "SolarizeAdd", "Invert", "Grayscale"}  # fmt: skip
 
 CASES = [("torchvision", n, a) for n, a in TV_ARGS.items()] + [("timm", n, a) for n, a in TIMM_ARGS.items()]
 FORMED = [(*c, f) for c in CASES for f in (("arguments", "arithmetic") if c[1] in TWO_FORMS else ("arguments",))]

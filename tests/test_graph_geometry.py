@@ -11,7 +11,8 @@ from PIL import Image
 
 pytest.importorskip("nvidia.dali")
 
-from fastload.augment.graphop import apply_once, identity  # noqa: E402
+from fastload.augment.graphop import identity  # noqa: E402
+from fastload.augment.rounds import apply_once  # noqa: E402
 from fastload.augment.ops_geometry import GEOMETRY_NAMES, geometry_op  # noqa: E402
 
 #: A magnitude per operation, each used with both signs (torchvision's translation is cast by int(): 7).

@@ -15,7 +15,7 @@ from PIL import Image, ImageOps
 pytest.importorskip("nvidia.dali")
 timm_aa = pytest.importorskip("timm.data.auto_augment")
 
-from fastload.augment.graphop import apply_once  # noqa: E402
+from fastload.augment.rounds import apply_once  # noqa: E402
 from fastload.augment.ops_color import color_op  # noqa: E402
 from fastload.augment.policies import plan  # noqa: E402
 from fastload.augment.readaug import timm_policy  # noqa: E402

@@ -6,11 +6,11 @@ interpolation. The host turns the step's arguments (what :func:`fastload.augment
 (:attr:`GraphOp.host`); the graph receives them as one float32 ``[ARGS]`` tensor per sample
 through ``external_source`` and applies the operation to the uint8 HWC image
 (:attr:`GraphOp.graph`), on whatever backend the image is (``cpu`` or ``gpu``). Which
-operation a sample gets is chosen in the graph by its index (``auto_aug``'s ``select``), so a
-batch is one set of batched operators whatever each sample drew.
+operation a sample gets is chosen in the graph by its index (in a CPU graph by the compiled step,
+elsewhere by ``auto_aug``'s ``select``), so a batch is one set of batched operators whatever each
+sample drew.
 
-:func:`apply_once` runs one operation on a few images in a CPU pipeline of its own: what the
-per-operation comparisons with torchvision's and timm's functions use.
+How a round of them runs in the graph is :mod:`fastload.augment.rounds`.
 """
 
 from __future__ import annotations
@@ -34,8 +34,11 @@ class GraphOp:
             ``"ColorJitter"``, ``"Grayscale"``, ``"GaussianBlur"``, ``"Identity"``).
         interpolation: ``"nearest"``, ``"bilinear"`` or ``"bicubic"`` (what the library was asked for).
         host: the step's arguments -> at most :data:`ARGS` floats (the rest are fed as 0).
-        graph: ``(image, params) -> image``: a uint8 HWC DataNode and the float32 ``[ARGS]`` DataNode in, a uint8
-            HWC DataNode of the same shape out; built from DALI operators that exist on both backends.
+        graph: ``(image, params) -> image``: a uint8 HWC DataNode and the float32 ``[ARGS]`` DataNode (or None, for
+            an operation that reads none) in, a uint8 HWC DataNode of the same shape out, on the image's backend.
+        code: ``(image) -> int | None``: the compiled step's code (``kernels.layout``) a graph of ``image`` runs it
+            by, or None where that graph takes DALI's operators (a GPU graph, or a CPU one built in the GPU's form).
+            Where it is an int, the compiled step with that code gives what ``graph`` gives, so a round may run it so.
     """
 
     library: str
@@ -43,6 +46,7 @@ class GraphOp:
     interpolation: str
     host: Callable[[tuple], Sequence[float]]
     graph: Callable[[Any, Any], Any]
+    code: Callable[[Any], int | None] = lambda img: None
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -69,26 +73,7 @@ def no_params(args: tuple) -> tuple:
 
 
 def identity(library: str, interpolation: str = "bilinear") -> GraphOp:
-    """The operation that leaves the image as it is (RandAugment's Identity, a skipped step)."""
-    return GraphOp(library, "Identity", interpolation, host=no_params, graph=lambda img, p: img)
-
-
-def apply_once(op: GraphOp, images: Sequence[np.ndarray], args: Sequence[tuple], *, num_threads: int = 1) -> list[np.ndarray]:
-    """``op`` on each HWC uint8 image with its step's ``args``, in a CPU pipeline of its own; HWC uint8 out."""
-    from ..pipeline import defined, import_dali
-
-    dali, fn, types = import_dali()
-    imgs = [np.ascontiguousarray(i, dtype=np.uint8) for i in images]
-    params = [op.params(a) for a in args]
-    if len(imgs) != len(params):
-        raise ValueError(f"{len(imgs)} images but {len(params)} argument tuples")
-
-    @dali.pipeline_def(batch_size=len(imgs), num_threads=num_threads, device_id=None, exec_dynamic=True, enable_conditionals=True)
-    def pipe():
-        img = fn.external_source(source=lambda: imgs, batch=True, layout="HWC", dtype=types.UINT8, ndim=3)
-        p = fn.external_source(source=lambda: params, batch=True, dtype=types.FLOAT, ndim=1)
-        return op.graph(img, p)
-
-    pp = defined(pipe)
-    (out,) = pp.run()
-    return [np.array(out[i]) for i in range(len(imgs))]
+    """The operation that leaves the image as it is (RandAugment's Identity, a skipped step); code 0 in a round of
+    the compiled step, where it is a copy."""
+    return GraphOp(library, "Identity", interpolation, host=no_params, graph=lambda img, p: img,
+                   code=lambda img: 0 if getattr(img, "device", "cpu") == "cpu" else None)  # fmt: skip

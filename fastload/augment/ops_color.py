@@ -1,11 +1,11 @@
-"""The colour and pixel augmentation operations (torchvision's and timm's) as DALI graph operators.
+"""The colour and pixel augmentation operations (torchvision's and timm's) as graph operations.
 
-Each operation is a :class:`~fastload.augment.graphop.GraphOp`: the host turns the step's
-arguments into the numbers the operator needs (a 3x3 colour matrix, a filter kernel, a
-threshold), and the graph applies them with DALI's fused per-pixel operators, one pass over the
-image where the library's PIL function makes one: ``brightness_contrast``, ``coord_transform``
-(a per-sample colour matrix), ``filter`` (a per-sample kernel), ``gaussian_blur``, ``equalize``
-and uint8 arithmetic. What each reproduces, as Pillow(-SIMD) computes it, and how close
+Each operation is a :class:`~fastload.augment.graphop.GraphOp` with two roads. On the CPU every one but the
+Gaussian blurs is PIL's own arithmetic, compiled (the compiled step, :mod:`fastload.augment.compiled`): exact to
+the level. On a GPU the host's numbers (a 3x3 colour matrix, a filter kernel, a threshold) feed DALI's fused
+per-pixel operators, one pass over the image where the library's PIL function makes one: ``brightness_contrast``,
+``coord_transform`` (a per-sample colour matrix), ``filter`` (a per-sample kernel), ``gaussian_blur``,
+``equalize`` and uint8 arithmetic. What DALI's road reproduces, as Pillow(-SIMD) computes it, and how close
 (measured per operation in benchmarks/results/graph-ops-color.md, bounded in the tests):
 
 * the ``ImageEnhance`` blends: Brightness ``floor(f x)`` and Contrast ``floor(c + f (x - c))``
@@ -14,22 +14,18 @@ and uint8 arithmetic. What each reproduces, as Pillow(-SIMD) computes it, and ho
   ``f * identity + (1 - f) * SMOOTH/13``, rounded (PIL rounds the smoothed image, then truncates
   the blend: a level or two), the 1-pixel border left as PIL leaves it;
 * the lookup tables of ``ImageOps`` (posterize, solarize, invert, autocontrast) and timm's
-  ``solarize_add``, exactly; ``equalize`` on the CPU is PIL's own, compiled (:mod:`fastload.augment.pil_color`),
-  on a GPU DALI's (OpenCV's lookup table, not PIL's: measured);
+  ``solarize_add``, exactly; ``equalize`` is OpenCV's lookup table, not PIL's (measured);
 * ``Grayscale``: DALI's RGB -> GRAY, which is PIL's ``L`` on all 2**24 colours;
-* ``GaussianBlur``: torchvision's through DALI's Gaussian kernel; timm's (PIL's three extended
+* ``GaussianBlur`` (both roads): torchvision's through DALI's Gaussian kernel; timm's (PIL's three extended
   box passes per axis) as six 1-D filters with Pillow's weights, each pass rounded;
 * ``ColorJitter``: four slots in the drawn order, each sample's slot chosen by its kind
   (a nested ``select``: nothing, brightness's scale, contrast's, a colour matrix for
-  saturation or hue), rounded and clipped after each as PIL does; brightness, contrast and
-  saturation as above; the hue on the CPU PIL's HSV round trip, compiled (exact), on a GPU a rotation
-  in YIQ (what DALI's ``hsv`` does): the one operation whose pixels differ visibly there (docs/dropin.md).
+  saturation or hue), rounded and clipped after each as PIL does; the hue a rotation in YIQ (what DALI's ``hsv``
+  does), where the CPU's is PIL's HSV round trip: the one operation whose pixels differ visibly (docs/dropin.md).
 
-Operations whose arguments come from the image itself (Contrast's mean, AutoContrast's range)
-have two forms: on the CPU the statistic feeds the fused operator as an argument input; a GPU
-operator takes argument inputs only from the CPU, so there the same formula runs in DALI's
-arithmetic. Equalize and the hue have two as well: PIL's arithmetic compiled on the CPU, DALI's
-operators on a GPU. :func:`statistics_form` lets the tests build either form on the CPU.
+A GPU operator takes argument inputs only from the CPU, so the statistics of the image itself (Contrast's mean,
+AutoContrast's range) enter DALI's road through its arithmetic. :func:`statistics_form` builds a CPU graph in the
+GPU's form (``"arithmetic"``: DALI's operators), so that the tests check the GPU's road without a GPU.
 """
 
 from __future__ import annotations
@@ -40,9 +36,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from . import pil_color
 from .graphop import GraphOp, no_params
-from .pil_color import hue_shift
+from .kernels import layout
 
 #: The operations :func:`color_op` builds, per library.
 COLOR_NAMES: dict[str, tuple[str, ...]] = {
@@ -68,7 +63,7 @@ _YIQ = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523,
 
 #: Floats one ColorJitter slot takes: its kind (:data:`SLOT_KINDS`), then a 3x3 matrix, or the factor first; a hue's
 #: matrix is followed by its shift of PIL's uint8 hue.
-SLOT = pil_color.SLOT
+SLOT = layout.SLOT
 
 #: What a ColorJitter slot does: nothing, a scale (brightness), a scale about the centre (contrast), a colour matrix
 #: (saturation), a hue turn (PIL's HSV shift on the CPU, its YIQ matrix on a GPU).
@@ -82,8 +77,8 @@ _FORCED: list[str] = []
 
 @contextlib.contextmanager
 def statistics_form(form: str) -> Iterator[None]:
-    """Build graphs, while inside, with ``form`` for the operations that have two: ``"arguments"`` (the CPU's: a
-    statistic as an argument input, PIL's arithmetic compiled) or ``"arithmetic"`` (the GPU's: DALI's operators)."""
+    """Build graphs, while inside, with ``form``: ``"arguments"`` (the CPU's: PIL's arithmetic compiled) or
+    ``"arithmetic"`` (the GPU's: DALI's operators, the image's statistics through its arithmetic)."""
     if form not in ("arguments", "arithmetic"):
         raise ValueError(f"form must be 'arguments' or 'arithmetic', got {form!r}")
     _FORCED.append(form)
@@ -185,7 +180,7 @@ def box_taps(radius: float) -> np.ndarray:
 def jitter_slots(args: tuple) -> tuple[float, ...]:
     """ColorJitter's (order, factors) as four slots in the drawn order (:data:`SLOT` floats each): the slot's kind
     (an index of :data:`SLOT_KINDS`), then brightness's or contrast's factor, or saturation's or hue's 3x3 matrix
-    then saturation's factor or hue's shift (:func:`~fastload.augment.pil_color.hue_shift`); a part that is off
+    then saturation's factor or hue's shift (:func:`hue_shift`); a part that is off
     (NaN) is the identity."""
     out: list[float] = []
     for k in args[:4]:
@@ -213,8 +208,6 @@ def _contrast(img: Any, p: Any, at: int = 0) -> Any:
     """``floor(c + f (x - c))`` with ``f`` in ``p[at]``, ``c`` the image's rounded mean luma."""
     dali, fn, types = _dali()
     f, c = p[at], _centre(img)
-    if _form(img) == "arguments":
-        return fn.brightness_contrast(img, contrast=f, contrast_center=c, brightness_shift=_TRUNC / 255.0)
     v = dali.math.floor(c + _to_device(f, img) * (fn.cast(img, dtype=types.FLOAT) - c))
     return fn.cast(dali.math.clamp(v, 0.0, 255.0), dtype=types.UINT8)
 
@@ -256,32 +249,34 @@ def _invert(img: Any, p: Any) -> Any:
 
 
 def _compiled(img: Any) -> bool:
-    """Whether ``img``'s graph takes PIL's arithmetic compiled (the CPU's form) for an operation DALI has no exact one of."""
+    """Whether ``img``'s graph takes PIL's arithmetic compiled (the CPU's form): the compiled step."""
     return _form(img) == "arguments" and getattr(img, "device", "cpu") == "cpu"
 
 
+def takes_compiled(img: Any) -> bool:
+    """Whether a graph of ``img`` runs PIL's arithmetic compiled (the CPU's form), public for the stage's finish."""
+    return _compiled(img)
+
+
+def hue_shift(hue_factor: float) -> int:
+    """torchvision's ``np.int32(hue_factor * 255).astype(np.uint8)``: the levels added to PIL's uint8 hue."""
+    return int(np.int32(float(hue_factor) * 255)) & 0xFF
+
+
 def _equalize(img: Any, p: Any) -> Any:
-    """``ImageOps.equalize``: on the CPU PIL's own, compiled; on a GPU DALI's (OpenCV's lookup table: measured)."""
-    if _compiled(img):
-        return pil_color.equalize(img)
+    """``ImageOps.equalize`` as DALI does it (OpenCV's lookup table, not PIL's: measured)."""
     _, fn, _ = _dali()
     return fn.equalize(img)
 
 
 def _autocontrast(img: Any, p: Any) -> Any:
-    """``ImageOps.autocontrast`` (cutoff 0) per channel: ``int(x * scale - lo * scale)``; a flat channel as it is. On the
-    CPU PIL's own, compiled."""
-    if _compiled(img):
-        return pil_color.autocontrast(img)
+    """``ImageOps.autocontrast`` (cutoff 0) per channel: ``int(x * scale - lo * scale)``; a flat channel as it is."""
     dali, fn, types = _dali()
     lo = fn.cast(fn.reductions.min(img, axis_names="HW"), dtype=types.FLOAT)
     hi = fn.cast(fn.reductions.max(img, axis_names="HW"), dtype=types.FLOAT)
     flat = fn.cast((hi - lo) < 0.5, dtype=types.FLOAT)
     scale = (255.0 / (hi - lo + flat)) * (1.0 - flat) + flat
     offset = (0.0 - lo * scale) * (1.0 - flat)
-    if _form(img) == "arguments":
-        diag = fn.reshape(scale, shape=[1, 3]) * types.Constant(np.eye(3, dtype=np.float32))
-        return fn.coord_transform(img, M=diag, T=offset + _TRUNC, dtype=types.UINT8)
     v = dali.math.floor(fn.cast(img, dtype=types.FLOAT) * scale + offset)
     return fn.cast(dali.math.clamp(v, 0.0, 255.0), dtype=types.UINT8)
 
@@ -317,11 +312,8 @@ def _kept(img: Any, p: Any, at: int = 0) -> Any:
 
 
 def _jitter(img: Any, p: Any) -> Any:
-    """ColorJitter: its four slots in order. On the CPU PIL's own arithmetic, compiled (one operator); on a GPU
-    each sample's slot by its kind (DALI's conditional ``select``), each rounded and clipped as PIL does after every
-    part."""
-    if _compiled(img):
-        return pil_color.jitter(img, p)
+    """ColorJitter: its four slots in order, each sample's slot by its kind (DALI's conditional ``select``), each
+    rounded and clipped as PIL does after every part."""
     from nvidia.dali.auto_aug.core import select
 
     _, fn, types = _dali()
@@ -344,73 +336,76 @@ def _threshold(value: float) -> float:
     return float(min(256, max(0, math.ceil(float(value)))))
 
 
-_Made = tuple[Callable[[tuple], Any], Callable[[Any, Any], Any]]
+#: An operation's host side, its DALI graph and the name of its compiled step's code (``kernels.layout.CODES``;
+#: None: DALI's operators everywhere).
+_Made = tuple[Callable[[tuple], Any], Callable[[Any, Any], Any], "str | None"]
 
 _ENHANCE: dict[str, Callable[[float], tuple[float, ...]]] = {
     "Brightness": lambda f: (f,),
     "Contrast": lambda f: (f,),
-    "Color": lambda f: (*color_matrix(f).ravel(), f),  # the matrix (a GPU's), then the factor (the CPU's)
-    "Sharpness": lambda f: tuple(sharpness_kernel(f).ravel()),
+    # the matrix or kernel (a GPU's), then the factor (the compiled step's, at layout.FACTOR_AT)
+    "Color": lambda f: (*color_matrix(f).ravel(), f),
+    "Sharpness": lambda f: (*sharpness_kernel(f).ravel(), f),
 }
 _ENHANCE_GRAPH = {"Brightness": _brightness, "Contrast": _contrast, "Color": _color, "Sharpness": _sharpness}
 _PLAIN = {"AutoContrast": _autocontrast, "Equalize": _equalize, "Invert": _invert, "Grayscale": _grayscale}
 
 
-#: Where the factor of an ImageEnhance part is in its parameters.
-_FACTOR_AT = {"Brightness": 0, "Contrast": 0, "Color": 9}
-
-
-def _enhanced(kind: str) -> Callable[[Any, Any], Any]:
-    """An ImageEnhance part's graph: on the CPU PIL's blend, compiled (Sharpness: DALI's everywhere); on a GPU DALI's."""
-    dali_graph = _ENHANCE_GRAPH[kind]
-    if kind not in _FACTOR_AT:
-        return dali_graph
-    at = _FACTOR_AT[kind]
-
-    def graph(img: Any, p: Any) -> Any:
-        if _compiled(img):
-            return pil_color.enhance(img, p[at : at + 1], kind)
-        return dali_graph(img, p)
-
-    return graph
-
-
 def _enhance(kind: str, factor_of: Callable[[tuple], float]) -> _Made:
     make = _ENHANCE[kind]
-    return (lambda a: make(factor_of(a))), _enhanced(kind)
+    return (lambda a: make(factor_of(a))), _ENHANCE_GRAPH[kind], kind
 
 
 def _tv_op(name: str) -> _Made | None:
-    """torchvision's ``(host, graph)`` of ``name``."""
+    """torchvision's ``(host, graph, code name)`` of ``name``."""
     if name in _ENHANCE:
         return _enhance(name, lambda a: 1.0 + float(a[0]))
     if name == "Posterize":
-        return (lambda a: (_posterize_mask(int(a[0])),)), _posterize
+        return (lambda a: (_posterize_mask(int(a[0])),)), _posterize, name
     if name == "Solarize":
-        return (lambda a: (_threshold(a[0]),)), _solarize
+        return (lambda a: (_threshold(a[0]),)), _solarize, name
     if name == "GaussianBlur":
-        return (lambda a: (float(a[1]), float(a[0]), float(np.float32(a[2])))), _gaussian_tv
+        return (lambda a: (float(a[1]), float(a[0]), float(np.float32(a[2])))), _gaussian_tv, None
     if name == "ColorJitter":
-        return jitter_slots, _jitter
-    return (no_params, _PLAIN[name]) if name in _PLAIN else None
+        return jitter_slots, _jitter, name
+    return (no_params, _PLAIN[name], name) if name in _PLAIN else None
 
 
 def _timm_op(name: str) -> _Made | None:
-    """timm's ``(host, graph)`` of ``name``."""
+    """timm's ``(host, graph, code name)`` of ``name``."""
     base = name[: -len("Increasing")] if name.endswith("Increasing") else name
     if base in _ENHANCE:
         return _enhance(base, lambda a: float(a[0]))
     if name == "Desaturate":
         return _enhance("Color", lambda a: min(1.0, max(0.0, 1.0 - float(a[0]))))
     if name.startswith("Posterize"):
-        return (lambda a: (_posterize_mask(int(a[0])),)), _posterize
+        return (lambda a: (_posterize_mask(int(a[0])),)), _posterize, "Posterize"
     if base == "Solarize":
-        return (lambda a: (_threshold(a[0]),)), _solarize
+        return (lambda a: (_threshold(a[0]),)), _solarize, "Solarize"
     if name == "SolarizeAdd":
-        return (lambda a: (float(min(255, max(0, int(a[0])))),)), _solarize_add
+        return (lambda a: (float(min(255, max(0, int(a[0])))),)), _solarize_add, name
     if name == "GaussianBlur":
-        return (lambda a: tuple(box_taps(float(a[0])))), _gaussian_timm
-    return (no_params, _PLAIN[name]) if name in _PLAIN and name != "Grayscale" else None
+        return (lambda a: tuple(box_taps(float(a[0])))), _gaussian_timm, None
+    return (no_params, _PLAIN[name], name) if name in _PLAIN and name != "Grayscale" else None
+
+
+def _roads(dali_graph: Callable[[Any, Any], Any], code_name: str | None) -> tuple[Callable[[Any, Any], Any], Callable[[Any], int | None]]:
+    """An operation's graph and code: the compiled step where the graph takes PIL's arithmetic compiled
+    (:func:`_compiled`) and the operation has a code, DALI's operators elsewhere."""
+    number = None if code_name is None else layout.code(code_name)
+
+    def code(img: Any) -> int | None:
+        return number if number is not None and _compiled(img) else None
+
+    def graph(img: Any, p: Any) -> Any:
+        c = code(img)
+        if c is None:
+            return dali_graph(img, p)
+        from .compiled import step
+
+        return step(img, [c], p)
+
+    return graph, code
 
 
 def color_op(library: str, name: str, interpolation: str, fill: tuple[int, int, int]) -> GraphOp | None:
@@ -424,5 +419,6 @@ def color_op(library: str, name: str, interpolation: str, fill: tuple[int, int, 
     made = _timm_op(name) if library == "timm" else _tv_op(name)
     if made is None:
         return None
-    host, graph = made
-    return GraphOp(library, name, interpolation, host=host, graph=graph)
+    host, dali_graph, code_name = made
+    graph, code = _roads(dali_graph, code_name)
+    return GraphOp(library, name, interpolation, host=host, graph=graph, code=code)

@@ -21,10 +21,10 @@ Three details make the result PIL's and not DALI's own:
   the same way, or source points on whole pixels (a rotation's centre column) land one pixel off.
 
 DALI's ``warp_affine`` has nearest and linear only (``INTERP_CUBIC`` is refused on the CPU): on a GPU, bicubic
-is carried out as bilinear. On the CPU, bilinear and bicubic steps run PIL's own filter compiled
-(:mod:`fastload.augment.pil_affine`, in DALI's threads): exact, and cheaper than the five operators above. The
-host sends every matrix as three float32 parts per entry and the fill levels at ``pil_affine.FILL_AT``, so both
-roads read the same parameters. ``benchmarks/results/graph-ops-geometry.md`` has what each costs, per operation.
+is carried out as bilinear. On the CPU, bilinear and bicubic steps run PIL's own filter compiled (``kernels.affine``
+in the compiled step, :mod:`fastload.augment.compiled`; the matrix computed there as above, ``kernels.steps``):
+exact, and cheaper than the five operators above. The host sends every matrix as three float32 parts per entry
+and the fill levels at ``kernels.layout.FILL_AT``, so both roads read the same parameters. ``benchmarks/results/graph-ops-geometry.md`` has what each costs, per operation.
 """
 
 from __future__ import annotations
@@ -35,7 +35,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .graphop import GraphOp
-from .pil_affine import FILL_AT, FILTERS
+from .kernels.layout import FILL_AT, warp_code
+
+#: The interpolations whose warps a CPU graph runs compiled (PIL's filters); nearest is DALI's, exact.
+FILTERS = ("bilinear", "bicubic")
 
 #: The operations this module carries out, per library (timm's ``NAME_TO_OP`` keys, torchvision's ``_apply_op`` names).
 GEOMETRY_NAMES: dict[str, tuple[str, ...]] = {
@@ -202,22 +205,27 @@ def geometry_op(library: str, name: str, interpolation: str, fill: tuple[int, in
     nearest = interpolation == "nearest"
     levels = tuple(int(v) for v in fill)
     sized = name == "Rotate" or name.endswith("Rel")
-    compiled = cpu_warp == "pil" and interpolation in FILTERS
+    matrix = "rotation" if name == "Rotate" else {"TranslateXRel": "x_rel", "TranslateYRel": "y_rel"}.get(name, "fed")
+    number = warp_code(matrix, interpolation) if cpu_warp == "pil" and interpolation in FILTERS else None
+
+    def code(img: Any) -> int | None:
+        return number if getattr(img, "device", "cpu") == "cpu" else None
 
     def graph(img: Any, p: Any) -> Any:
         from ..pipeline import import_dali
 
         fn, types = import_dali()[1:]
+        if code(img) is not None:
+            from .compiled import step
+
+            return step(img, [number], p)
         if sized:
             m64 = _sized_matrix(img, p, name, nearest)
         else:  # the three parts joined: the double the host computed
             m64 = (fn.cast(p[0:6], dtype=types.FLOAT64) + fn.cast(p[6:12], dtype=types.FLOAT64)) + fn.cast(p[12:18], dtype=types.FLOAT64)
-        if compiled and img.device == "cpu":
-            from .pil_affine import warp
-
-            return warp(img, m64, p, interpolation)
         return warp_like_pil(img, fn.cast(fn.reshape(m64, shape=[2, 3]), dtype=types.FLOAT), interpolation, levels)
 
     host = _host(library, name, nearest)
 
-    return GraphOp(library, name, interpolation, host=lambda args: _laid_out(tuple(host(args)), sized, levels), graph=graph)
+    return GraphOp(library, name, interpolation, host=lambda args: _laid_out(tuple(host(args)), sized, levels), graph=graph,
+                   code=code)  # fmt: skip

@@ -8,9 +8,9 @@ seeded draws (:func:`fastload.augment.policies.plan`, :func:`~fastload.augment.d
 :func:`~fastload.augment.draws.color_params`, :func:`~fastload.augment.draws.erase_boxes`)
 into dense arrays (:meth:`GraphStage.feed`): each sample's operation index and parameters per
 step, its erasing rectangles and their noise. The graph (:meth:`GraphStage.apply`, then
-:meth:`GraphStage.erase` after normalisation) selects each sample's operation with DALI's
-conditional ``select``, so a batch is one set of batched operators on either backend and
-no image is touched by Python.
+:meth:`GraphStage.erase` after normalisation) runs each sample's operation by its index
+(:mod:`fastload.augment.rounds`: the compiled step on the CPU, DALI's conditional ``select`` on a
+GPU), so a batch is one set of batched operators on either backend and no image is touched by Python.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import numpy as np
 
 from .draws import color_params, erase_boxes, noise_seeds, trivial_params, TRIVIAL_OPS
 from .graphop import ARGS, GraphOp, identity
+from .rounds import select_steps
 
 log = logging.getLogger(__name__)
 _HUE_SAID: list[bool] = []
@@ -247,6 +248,32 @@ class GraphStage:
             return img
         return select_steps(self.ops, img, inputs[0], inputs[1] if self.with_params else None, self.steps, tables=self.tables)
 
+    def finishes_compiled(self, img: Any) -> bool:
+        """Whether a graph of ``img`` (the stage's operations' output) normalises and erases in the compiled finish
+        (:meth:`finish`): a CPU graph in the CPU's form."""
+        from .ops_color import takes_compiled
+
+        return takes_compiled(img)
+
+    def finish(self, img: Any, inputs: Sequence[Any], *, mean: Sequence[float], std: Sequence[float], layout: str) -> Any:
+        """The uint8 HWC RGB CPU ``img`` normalised (``mean``, ``std`` in levels) into float32 ``layout`` and erased, in
+        one compiled operator (:func:`fastload.augment.compiled.finish`): what ``crop_mirror_normalize`` then
+        :meth:`erase` give; ``inputs``: all of :meth:`feed`'s, as graph nodes."""
+        from ..pipeline import import_dali
+        from .compiled import finish
+
+        _, fn, _ = import_dali()
+        er = self.erasing
+        if er is None:
+            return finish(img, mean=mean, std=std, layout=layout, rects=None, noise=None, value=(0.0,))
+        inputs = inputs[self._lead :]
+        per = 2 if er.noise is None else 3
+        rects = fn.cat(*[inputs[per * b + k] for b in range(self.slots) for k in (0, 1)], axis=0)
+        if er.noise is None:
+            return finish(img, mean=mean, std=std, layout=layout, rects=rects, noise=None, value=tuple(er.value))
+        noise = fn.cat(*[fn.reshape(inputs[per * b + 2], shape=[-1]) for b in range(self.slots)], axis=0)
+        return finish(img, mean=mean, std=std, layout=layout, rects=rects, noise=noise, value=None)
+
     def erase(self, img: Any, inputs: Sequence[Any], *, layout: str, value: Sequence[float], dtype: Any) -> Any:
         """The erasing rectangles on the normalised ``img`` (in ``layout``, of DALI type ``dtype``); ``inputs``: all of
         :meth:`feed`'s, as graph nodes on the CPU."""
@@ -289,22 +316,6 @@ def _pasted(img: Any, anchor: Any, shape: Any, patch: Any, *, hw: list, dtype: A
     return fn.cast(zeroed + canvas, dtype=dtype)
 
 
-def select_steps(table: Sequence[GraphOp], img: Any, idx: Any, par: Any, steps: int, *,
-                 tables: Sequence[Sequence[int]] | None = None) -> Any:  # fmt: skip
-    """``steps`` rounds of DALI's conditional ``select``: in round ``s`` each sample gets ``table[idx[s]]`` with
-    ``par[s]`` (``idx`` int32 ``[steps]`` and ``par`` float32 ``[steps, ARGS]`` per sample, or None where no operation of
-    ``table`` reads its params; needs ``enable_conditionals``). ``tables``: round ``s`` selects among ``table``'s
-    operations ``tables[s]`` only, ``idx[s]`` indexing that list (default: all of ``table`` every round)."""
-    from nvidia.dali.auto_aug.core import select
-
-    for s in range(steps):
-        ops = [table[i] for i in tables[s]] if tables is not None else list(table)
-        if len(ops) < 2:
-            continue
-        img = select([op.graph for op in ops], idx[s], img, None if par is None else par[s])
-    return img
-
-
 def noise_patches(rects: np.ndarray, seeds: np.ndarray, *, noise: str, layout: str) -> list[list[np.ndarray]]:
     """The standard normal noise of each erased rectangle, per slot a list of per-sample float32 arrays.
 
@@ -333,7 +344,7 @@ def apply_plans(
     num_threads: int = 1,
 ) -> list[np.ndarray]:  # fmt: skip
     """Each HWC uint8 image through its planned steps ``(name, args, interpolation)``, as the loader's graph applies them
-    (one ``select`` per step), in a CPU pipeline of its own; HWC uint8 out. What the comparisons with torchvision's and
+    (a round per step), in a CPU pipeline of its own; HWC uint8 out. What the comparisons with torchvision's and
     timm's own functions use."""
     from ..pipeline import defined, import_dali
 

@@ -2,8 +2,10 @@
 exact operator for (:mod:`fastload.augment.compiled` runs each in DALI's threads).
 
 One module per job: ``affine`` (the bilinear and bicubic affine filters), ``histogram`` (equalize, autocontrast),
-``enhance`` (the ImageEnhance blends and ColorJitter), ``hsv`` (the hue shift), ``pixel`` (the scalar helpers they
-share) and ``layout`` (where each reads its arguments). The modules with kernels import numba, so they are imported
+``enhance`` (the ImageEnhance blends and ColorJitter), ``smooth`` (Sharpness), ``pointwise`` (the lookup tables and
+grayscale), ``hsv`` (the hue shift), ``pixel`` (the scalar helpers they share), ``steps`` (the step that runs each
+sample's operation by its code), ``entry`` (its C entry point) and ``layout`` (the codes, and where each kernel reads
+its arguments). The modules with kernels import numba, so they are imported
 only when a CPU graph is built; ``layout`` and this package do not.
 
 numba caches each compiled entry point on disk (beside the package, or under ``NUMBA_CACHE_DIR``) keyed by the

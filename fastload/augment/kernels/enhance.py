@@ -15,7 +15,6 @@ from .pixel import blend, luma
 f32 = np.float32
 
 
-
 @numba.njit(cache=True, nogil=True)
 def blended(out: Any, img: Any, alpha: Any, kind: int) -> None:
     """ImageEnhance part ``kind`` (1 Brightness, 2 Contrast, 3 Color) of ``img`` at float32 ``alpha`` into ``out``
@@ -36,12 +35,6 @@ def blended(out: Any, img: Any, alpha: Any, kind: int) -> None:
             out[y, x, 0] = blend(centre, r, alpha)  # (Brightness blends with black: centre 0)
             out[y, x, 1] = blend(centre, g, alpha)
             out[y, x, 2] = blend(centre, b, alpha)
-
-
-@numba.njit(cache=True, nogil=True)
-def enhance(out: Any, img: Any, alpha_in: Any, kind: int) -> None:
-    """One ImageEnhance part, its factor in ``alpha_in[0]``."""
-    blended(out, img, f32(alpha_in[0]), kind)
 
 
 @numba.njit(cache=True, nogil=True)
