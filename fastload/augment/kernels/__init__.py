@@ -1,5 +1,6 @@
-"""PIL's own arithmetic, per sample, compiled by numba: the kernels of the CPU graph's operations that DALI has no
-exact operator for (:mod:`fastload.augment.compiled` runs each in DALI's threads).
+"""PIL's own arithmetic, per sample, compiled by numba: the kernels of the CPU graph's augmentation operations (all
+but the Gaussian blurs and nearest warps) and of its normalisation and erasing (:mod:`fastload.augment.compiled`
+runs them in DALI's threads).
 
 One module per job: ``affine`` (the bilinear and bicubic affine filters), ``histogram`` (equalize, autocontrast),
 ``enhance`` (the ImageEnhance blends and ColorJitter), ``smooth`` (Sharpness), ``pointwise`` (the lookup tables and
