@@ -136,3 +136,19 @@ def test_a_loaders_compiled_finish_is_its_gpu_form(erasing, channels_last, make_
     assert any("finish" in n or "Numba" in n for n in ours_ops) and not any("CropMirrorNormalize" in n for n in ours_ops)
     assert any("CropMirrorNormalize" in n for n in their_ops)
     assert ours.dtype == torch.float32 and torch.equal(ours, theirs)
+
+
+def test_a_round_mixing_compiled_operations_and_dalis_gives_each_sample_its_own():
+    """One round whose table holds compiled operations and ones DALI keeps (warps at nearest): the compiled step is
+    one branch of DALI's select beside each of those, and every sample gets its own operation, to the level."""
+    base = _images()
+    steps = [("Rotate", (23.0,), "nearest"), ("Equalize", (), "bicubic"), ("ShearX", (0.2,), "bicubic"),
+             ("TranslateXRel", (0.25,), "nearest"), ("Identity", (), "bicubic"), ("Posterize", (2,), "bicubic"),
+             ("ShearY", (-0.1,), "nearest"), ("Rotate", (-11.0,), "bicubic")]  # fmt: skip
+    images = [base[k % len(base)] for k in range(len(steps))]
+    got = apply_plans(images, [[s] for s in steps], library="timm", fill=FILL)
+    resample = {"nearest": Image.NEAREST, "bicubic": Image.BICUBIC}
+    for img, (name, args, interp), out in zip(images, steps, got):
+        pil = Image.fromarray(img)
+        want = pil if name == "Identity" else timm_aa.NAME_TO_OP[name](pil, *args, fillcolor=FILL, resample=resample[interp])
+        assert np.array_equal(out, np.asarray(want)), (name, interp)
