@@ -107,10 +107,8 @@ def test_the_gpu_graph_of_each_recipe_is_defined_on_backends_that_have_its_opera
     assert any(dev == "mixed" and n.startswith("decoders__") for n, dev, _ in ops), "the decoder is not the mixed one"
 
 
-#: What the CPU graph keeps in DALI's operators (every other operation runs in the compiled step): the blurs, and the
-#: warps at nearest (DALI's nearest warp is PIL's).
+#: What the CPU graph keeps in DALI's operators (every other operation runs in the compiled step): the blurs.
 UNCOMPILED = {"GaussianBlur"}
-GEOMETRIC = {"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel"}
 
 
 def _compiled_runs(stage) -> int:
@@ -118,8 +116,7 @@ def _compiled_runs(stage) -> int:
     runs, inside = 0, False
     for table in stage.tables:
         ops = [stage.ops[k] for k in table]
-        compiled = len(ops) > 1 and not any(
-            op.name in UNCOMPILED or (op.name in GEOMETRIC and op.interpolation == "nearest") for op in ops)  # fmt: skip
+        compiled = len(ops) > 1 and not any(op.name in UNCOMPILED for op in ops)
         runs += compiled and not inside
         inside = compiled
     return runs
@@ -129,7 +126,7 @@ def _compiled_runs(stage) -> int:
 def test_the_cpu_graph_runs_pils_compiled_kernels_where_the_gpu_graph_runs_dalis(name, make_folder):
     """The same recipe's CPU stage graph (host finish) runs its rounds in compiled steps (numba_function), consecutive
     rounds of compiled operations in one, and its normalisation and erasing in one more; only a round holding a
-    blur or a nearest warp is DALI's conditional select. Its GPU graph has none of them (above)."""
+    blur is DALI's conditional select. Its GPU graph has none of them (above)."""
     from fastload.pipeline import build_augment_pipeline
 
     ds = torchvision.datasets.ImageFolder(str(make_folder(classes=2, per_class=2, size=(80, 60))), transform=RECIPES[name][0]())
@@ -140,9 +137,7 @@ def test_the_cpu_graph_runs_pils_compiled_kernels_where_the_gpu_graph_runs_dalis
     names = [n for n, _, _ in ops]
     assert sum("Numba" in n for n in names) == _compiled_runs(stage) + 1
     assert not any(n in ("CropMirrorNormalize", "Erase") for n in names)
-    assert any("Split" in n for n in names) == any(
-        len(t) > 1 and any(stage.ops[k].name in UNCOMPILED or (stage.ops[k].name in GEOMETRIC and stage.ops[k].interpolation == "nearest")
-                           for k in t) for t in stage.tables)  # fmt: skip
+    assert any("Split" in n for n in names) == any(len(t) > 1 and any(stage.ops[k].name in UNCOMPILED for k in t) for t in stage.tables)
     assert all(dev == "cpu" for _, dev, _ in ops)
 
 

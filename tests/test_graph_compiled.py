@@ -139,16 +139,18 @@ def test_a_loaders_compiled_finish_is_its_gpu_form(erasing, channels_last, make_
 
 
 def test_a_round_mixing_compiled_operations_and_dalis_gives_each_sample_its_own():
-    """One round whose table holds compiled operations and ones DALI keeps (warps at nearest): the compiled step is
-    one branch of DALI's select beside each of those, and every sample gets its own operation, to the level."""
+    """One round whose table holds compiled operations and one DALI keeps (timm's GaussianBlur): the compiled step is
+    one branch of DALI's select beside it, and every sample gets its own operation, to the level (the blur within
+    its measured two levels)."""
     base = _images()
-    steps = [("Rotate", (23.0,), "nearest"), ("Equalize", (), "bicubic"), ("ShearX", (0.2,), "bicubic"),
-             ("TranslateXRel", (0.25,), "nearest"), ("Identity", (), "bicubic"), ("Posterize", (2,), "bicubic"),
-             ("ShearY", (-0.1,), "nearest"), ("Rotate", (-11.0,), "bicubic")]  # fmt: skip
+    steps = [("Rotate", (23.0,), "nearest"), ("Equalize", (), "bicubic"), ("GaussianBlur", (0.9,), "bicubic"),
+             ("ShearX", (0.2,), "bicubic"), ("TranslateXRel", (0.25,), "nearest"), ("Identity", (), "bicubic"),
+             ("GaussianBlur", (1.6,), "bicubic"), ("Posterize", (2,), "bicubic"), ("Rotate", (-11.0,), "bicubic")]  # fmt: skip
     images = [base[k % len(base)] for k in range(len(steps))]
     got = apply_plans(images, [[s] for s in steps], library="timm", fill=FILL)
     resample = {"nearest": Image.NEAREST, "bicubic": Image.BICUBIC}
     for img, (name, args, interp), out in zip(images, steps, got):
         pil = Image.fromarray(img)
         want = pil if name == "Identity" else timm_aa.NAME_TO_OP[name](pil, *args, fillcolor=FILL, resample=resample[interp])
-        assert np.array_equal(out, np.asarray(want)), (name, interp)
+        d = np.abs(out.astype(np.int16) - np.asarray(want, dtype=np.int16))
+        assert d.max() <= (2 if name == "GaussianBlur" else 0) and (d > 0).mean() < (0.2 if name == "GaussianBlur" else 1e-9), (name, interp)

@@ -79,7 +79,7 @@ def _table_run(library: str, name: str, interpolation: str, cpu_warp: str) -> di
 TABLE = [
     (lib, name, interp, warp, sign, size)
     for lib, names in GEOMETRY_NAMES.items() for name in names
-    for interp in PIL_FILTERS for warp in (("pil", "dali") if interp != "nearest" else ("pil",))
+    for interp in PIL_FILTERS for warp in ("pil", "dali")
     for sign in (1, -1) for size in SIZES
 ]  # fmt: skip
 

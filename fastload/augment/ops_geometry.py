@@ -21,9 +21,10 @@ Three details make the result PIL's and not DALI's own:
   the same way, or source points on whole pixels (a rotation's centre column) land one pixel off.
 
 DALI's ``warp_affine`` has nearest and linear only (``INTERP_CUBIC`` is refused on the CPU): on a GPU, bicubic
-is carried out as bilinear. On the CPU, bilinear and bicubic steps run PIL's own filter compiled (``kernels.affine``
-in the compiled step, :mod:`fastload.augment.compiled`; the matrix computed there as above, ``kernels.steps``):
-exact, and cheaper than the five operators above. The host sends every matrix as three float32 parts per entry
+is carried out as bilinear. On the CPU every step runs PIL's own ``Geometry.c`` compiled (``kernels.affine`` in the
+compiled step, :mod:`fastload.augment.compiled`; the matrix computed there as above, ``kernels.steps``): its
+filters at bilinear and bicubic, its fixed-point and scaling paths at nearest; exact, and cheaper than the
+operators above. The host sends every matrix as three float32 parts per entry
 and the fill levels at ``kernels.layout.FILL_AT``, so both roads read the same parameters. ``benchmarks/results/graph-ops-geometry.md`` has what each costs, per operation.
 """
 
@@ -37,8 +38,6 @@ import numpy as np
 from .graphop import GraphOp
 from .kernels.layout import FILL_AT, warp_code
 
-#: The interpolations whose warps a CPU graph runs compiled (PIL's filters); nearest is DALI's, exact.
-FILTERS = ("bilinear", "bicubic")
 
 #: The operations this module carries out, per library (timm's ``NAME_TO_OP`` keys, torchvision's ``_apply_op`` names).
 GEOMETRY_NAMES: dict[str, tuple[str, ...]] = {
@@ -48,7 +47,7 @@ GEOMETRY_NAMES: dict[str, tuple[str, ...]] = {
 
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
 
-#: How a CPU graph warps at bilinear and bicubic: PIL's filter compiled (exact) or DALI's ``warp_affine`` (a GPU's road).
+#: How a CPU graph warps: PIL's ``Geometry.c`` compiled (exact) or DALI's ``warp_affine`` (a GPU's road).
 CPU_WARPS = ("pil", "dali")
 
 #: PIL's nearest affine (any map with a shear or rotation part) steps in 16.16 fixed point.
@@ -191,8 +190,8 @@ def geometry_op(library: str, name: str, interpolation: str, fill: tuple[int, in
     None for a name this module does not do.
 
     ``fill`` is what the library is given (timm's ``fillcolor``; torchvision's ``fill``, ``None`` being
-    ``(0, 0, 0)``), one uint8 level per channel. ``cpu_warp``: how a CPU graph warps at bilinear and bicubic,
-    ``"pil"`` (PIL's filter compiled: exact) or ``"dali"`` (DALI's ``warp_affine``, as a GPU graph does).
+    ``(0, 0, 0)``), one uint8 level per channel. ``cpu_warp``: how a CPU graph warps, ``"pil"`` (PIL's
+    ``Geometry.c`` compiled: exact) or ``"dali"`` (DALI's ``warp_affine``, as a GPU graph does).
     """
     if name not in GEOMETRY_NAMES.get(library, ()):
         return None
@@ -206,7 +205,7 @@ def geometry_op(library: str, name: str, interpolation: str, fill: tuple[int, in
     levels = tuple(int(v) for v in fill)
     sized = name == "Rotate" or name.endswith("Rel")
     matrix = "rotation" if name == "Rotate" else {"TranslateXRel": "x_rel", "TranslateYRel": "y_rel"}.get(name, "fed")
-    number = warp_code(matrix, interpolation) if cpu_warp == "pil" and interpolation in FILTERS else None
+    number = warp_code(matrix, interpolation) if cpu_warp == "pil" else None
 
     def code(img: Any) -> int | None:
         return number if getattr(img, "device", "cpu") == "cpu" else None

@@ -1,5 +1,5 @@
 """PIL's own arithmetic, per sample, compiled by numba: the kernels of the CPU graph's augmentation operations (all
-but the Gaussian blurs and nearest warps) and of its normalisation and erasing (:mod:`fastload.augment.compiled`
+but the Gaussian blurs) and of its normalisation and erasing (:mod:`fastload.augment.compiled`
 runs them in DALI's threads).
 
 One module per job: ``affine`` (the bilinear and bicubic affine filters), ``histogram`` (equalize, autocontrast),

@@ -1,9 +1,13 @@
-"""PIL's ``Geometry.c`` affine transform at bilinear and bicubic (``ImagingGenericTransform`` with
-``bilinear_filter32RGB`` / ``bicubic_filter32RGB``), per sample: doubles in PIL's order, taps clamped, truncation."""
+"""PIL's ``Geometry.c`` affine transform, per sample: at bilinear and bicubic ``ImagingGenericTransform`` with
+``bilinear_filter32RGB`` / ``bicubic_filter32RGB`` (doubles in PIL's order, taps clamped, truncation); at nearest
+``ImagingScaleAffine`` for a map without shear or rotation (positions in doubles, accumulated) and ``affine_fixed``
+for any other (16.16 fixed point, accumulated)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import math
 
 import numba
 import numpy as np
@@ -67,3 +71,56 @@ def warp(out: Any, img: Any, m: Any, p: Any, bicubic: bool) -> None:  # PIL's Im
                     v4 = cubic(float(img[r3, x0, c]), float(img[r3, x1, c]), float(img[r3, x2, c]), float(img[r3, x3, c]), dx)
                     v = cubic(v1, v2, v3, v4, dy)
                 out[y, x, c] = np.uint8(0) if v <= 0.0 else (np.uint8(255) if v >= 255.0 else np.uint8(int(v)))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _coord(v: float) -> int:  # PIL's COORD: -1 left of the image, else truncated
+    return -1 if v < 0.0 else int(v)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _fix(v: float) -> int:  # PIL's FIX: 16.16 fixed point
+    return int(math.floor(v * 65536.0 + 0.5))
+
+
+@numba.njit(cache=True, nogil=True)
+def nearest(out: Any, img: Any, m: Any, p: Any) -> None:  # PIL's ImagingTransformAffine at NEAREST
+    h, w, ch = img.shape
+    oh, ow = out.shape[0], out.shape[1]
+    for y in range(oh):  # Image.transform's new image of the fill colour; pixels mapped outside keep it
+        for x in range(ow):
+            for c in range(ch):
+                out[y, x, c] = np.uint8(p[FILL_AT + c])
+    if m[1] == 0.0 and m[3] == 0.0:  # ImagingScaleAffine: the columns pretabulated, positions accumulated in doubles
+        cols = np.empty(ow, dtype=np.int64)
+        xo = m[2] + m[0] * 0.5
+        for x in range(ow):
+            cols[x] = _coord(xo)
+            xo += m[0]
+        yo = m[5] + m[4] * 0.5
+        for y in range(oh):
+            yi = _coord(yo)
+            if 0 <= yi < h:
+                for x in range(ow):
+                    xi = cols[x]
+                    if 0 <= xi < w:
+                        for c in range(ch):
+                            out[y, x, c] = img[yi, xi, c]
+            yo += m[4]
+        return
+    a0, a1, a3, a4 = _fix(m[0]), _fix(m[1]), _fix(m[3]), _fix(m[4])  # affine_fixed
+    a2 = _fix(m[2] + m[0] * 0.5 + m[1] * 0.5)
+    a5 = _fix(m[5] + m[3] * 0.5 + m[4] * 0.5)
+    for y in range(oh):
+        xx, yy = a2, a5
+        for x in range(ow):
+            xi = xx >> 16
+            if 0 <= xi < w:
+                yi = yy >> 16
+                if 0 <= yi < h:
+                    for c in range(ch):
+                        out[y, x, c] = img[yi, xi, c]
+            xx += a0
+            yy += a3
+        a2 += a1
+        a5 += a4

@@ -18,11 +18,12 @@ CODES = (
     "Brightness", "Contrast", "Color", "Sharpness", "ColorJitter",
 )  # fmt: skip
 
-#: A warp's code is ``WARP + 2 * matrix + (bicubic)``, its matrix one of :data:`MATRICES`: the six entries fed (three
-#: float32 parts each), a rotation's cosine and sine (three parts each) about the image's centre, or a relative
-#: translation's fraction (three parts) times the image's width or height.
+#: A warp's code is ``WARP + 3 * matrix + filter``, its matrix one of :data:`MATRICES` (the six entries fed, three
+#: float32 parts each; a rotation's cosine and sine, three parts each, about the image's centre; a relative
+#: translation's fraction, three parts, times the image's width or height), its filter one of :data:`FILTERS`.
 WARP = 16
 MATRICES = ("fed", "rotation", "x_rel", "y_rel")
+FILTERS = ("nearest", "bilinear", "bicubic")
 
 
 def code(name: str) -> int:
@@ -31,10 +32,10 @@ def code(name: str) -> int:
 
 
 def warp_code(matrix: str, interpolation: str) -> int:
-    """The code of a warp by ``matrix`` (one of :data:`MATRICES`) at ``"bilinear"`` or ``"bicubic"``."""
-    if interpolation not in ("bilinear", "bicubic"):
-        raise ValueError(f"the compiled warp has bilinear and bicubic, not {interpolation!r}")
-    return WARP + 2 * MATRICES.index(matrix) + (interpolation == "bicubic")
+    """The code of a warp by ``matrix`` (one of :data:`MATRICES`) at ``interpolation`` (one of :data:`FILTERS`)."""
+    if interpolation not in FILTERS:
+        raise ValueError(f"the compiled warp has {FILTERS}, not {interpolation!r}")
+    return WARP + 3 * MATRICES.index(matrix) + FILTERS.index(interpolation)
 
 #: Where the compiled finish (``kernels.finish``) reads its spec: a flag (1: the rectangles take the noise fed, 0: the
 #: values), the three means, the three reciprocals of the standard deviations, the three values (float32).

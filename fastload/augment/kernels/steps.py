@@ -8,7 +8,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from .affine import warp
+from .affine import nearest, warp
 from .enhance import blended, jitter
 from .histogram import autocontrast, equalize
 from .layout import FACTOR_AT, WARP, code
@@ -55,8 +55,12 @@ def step(out: Any, img: Any, code: int, p: Any) -> None:
     """Operation ``code`` with the step's float32 parameters ``p`` on the uint8 HWC ``img``, into ``out``."""
     if code >= WARP:
         m = np.empty(6, dtype=np.float64)
-        matrix(m, img.shape[0], img.shape[1], (code - WARP) // 2, p)
-        warp(out, img, m, p, (code - WARP) % 2 == 1)
+        matrix(m, img.shape[0], img.shape[1], (code - WARP) // 3, p)
+        kind = (code - WARP) % 3
+        if kind == 0:
+            nearest(out, img, m, p)
+        else:
+            warp(out, img, m, p, kind == 2)
     elif INVERT <= code <= SOLARIZE_ADD:  # Invert, Posterize, Solarize, SolarizeAdd: pointwise's kinds in that order
         levels(out, img, code - INVERT, int(p[0]))
     elif code == GRAYSCALE:
