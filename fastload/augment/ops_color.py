@@ -1,7 +1,7 @@
 """The colour and pixel augmentation operations (torchvision's and timm's) as graph operations.
 
-Each operation is a :class:`~fastload.augment.graphop.GraphOp` with two roads. On the CPU every one but the
-Gaussian blurs is PIL's own arithmetic, compiled (the compiled step, :mod:`fastload.augment.compiled`): exact to
+Each operation is a :class:`~fastload.augment.graphop.GraphOp` with two roads. On the CPU every one but
+torchvision's Gaussian blur is PIL's own arithmetic, compiled (the compiled step, :mod:`fastload.augment.compiled`): exact to
 the level. On a GPU the host's numbers (a 3x3 colour matrix, a filter kernel, a threshold) feed DALI's fused
 per-pixel operators, one pass over the image where the library's PIL function makes one: ``brightness_contrast``,
 ``coord_transform`` (a per-sample colour matrix), ``filter`` (a per-sample kernel), ``gaussian_blur``,
@@ -16,8 +16,9 @@ per-pixel operators, one pass over the image where the library's PIL function ma
 * the lookup tables of ``ImageOps`` (posterize, solarize, invert, autocontrast) and timm's
   ``solarize_add``, exactly; ``equalize`` is OpenCV's lookup table, not PIL's (measured);
 * ``Grayscale``: DALI's RGB -> GRAY, which is PIL's ``L`` on all 2**24 colours;
-* ``GaussianBlur`` (both roads): torchvision's through DALI's Gaussian kernel; timm's (PIL's three extended
-  box passes per axis) as six 1-D filters with Pillow's weights, each pass rounded;
+* ``GaussianBlur``: torchvision's through DALI's Gaussian kernel (on both roads: its 2-D convolution in torch has no
+  order to reproduce); timm's (PIL's three extended box passes per axis) as six 1-D filters with Pillow's weights,
+  each pass rounded (on the CPU Pillow's integer passes, compiled);
 * ``ColorJitter``: four slots in the drawn order, each sample's slot chosen by its kind
   (a nested ``select``: nothing, brightness's scale, contrast's, a colour matrix for
   saturation or hue), rounded and clipped after each as PIL does; the hue a rotation in YIQ (what DALI's ``hsv``
@@ -384,8 +385,8 @@ def _timm_op(name: str) -> _Made | None:
         return (lambda a: (_threshold(a[0]),)), _solarize, "Solarize"
     if name == "SolarizeAdd":
         return (lambda a: (float(min(255, max(0, int(a[0])))),)), _solarize_add, name
-    if name == "GaussianBlur":
-        return (lambda a: tuple(box_taps(float(a[0])))), _gaussian_timm, None
+    if name == "GaussianBlur":  # the taps (a GPU's), then the box (the compiled step's, at layout.BLUR_AT)
+        return (lambda a: (*box_taps(float(a[0])), *box_weights(float(a[0])))), _gaussian_timm, "BoxBlur"
     return (no_params, _PLAIN[name], name) if name in _PLAIN and name != "Grayscale" else None
 
 

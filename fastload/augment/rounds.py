@@ -4,7 +4,7 @@ On a GPU (or a CPU graph built in the GPU's form) a round is DALI's conditional 
 of the table. On the CPU every operation with a compiled form (:attr:`GraphOp.code`) runs inside the compiled step
 (:mod:`fastload.augment.compiled`), which picks each sample's kernel by its index, and consecutive rounds of such
 operations are one operator, which skips a sample's Identity rounds and passes the image between the others without
-a buffer of DALI's each; an operation without a compiled form (a Gaussian blur) keeps a branch of its own
+a buffer of DALI's each; an operation without a compiled form (torchvision's Gaussian blur) keeps a branch of its own
 beside the step. timm's RandAugment in branches was about 400 operators a batch, DALI's executor paying for each,
 taken or not, and a fresh buffer per round; compiled, its two rounds are one operator.
 """

@@ -12,11 +12,16 @@ FACTOR_AT = 9
 
 #: The compiled step's operations by code (``kernels.steps.step``): a CPU graph's round is one operator whatever
 #: each sample drew. Posterize reads its mask, Solarize its first turned level and SolarizeAdd its addend at ``p[0]``;
-#: Brightness and Contrast their factor at ``p[0]``, Color and Sharpness at :data:`FACTOR_AT`.
+#: Brightness and Contrast their factor at ``p[0]``, Color and Sharpness at :data:`FACTOR_AT`, BoxBlur its box at
+#: :data:`BLUR_AT`.
 CODES = (
     "Identity", "Invert", "Posterize", "Solarize", "SolarizeAdd", "Grayscale", "Equalize", "AutoContrast",
-    "Brightness", "Contrast", "Color", "Sharpness", "ColorJitter",
+    "Brightness", "Contrast", "Color", "Sharpness", "ColorJitter", "BoxBlur",
 )  # fmt: skip
+
+#: Where PIL's ``GaussianBlur`` (``BoxBlur``, timm's and the self-supervised recipes') reads its box's integer radius
+#: and its two weights over ``2**24`` (after the seven taps a GPU graph reads).
+BLUR_AT = 7
 
 #: A warp's code is ``WARP + 3 * matrix + filter``, its matrix one of :data:`MATRICES` (the six entries fed, three
 #: float32 parts each; a rotation's cosine and sine, three parts each, about the image's centre; a relative

@@ -9,9 +9,10 @@ import numba
 import numpy as np
 
 from .affine import nearest, warp
+from .blur import gaussian_blur
 from .enhance import blended, jitter
 from .histogram import autocontrast, equalize
-from .layout import FACTOR_AT, WARP, code
+from .layout import BLUR_AT, FACTOR_AT, WARP, code
 from .pointwise import grayscale, levels
 from .smooth import sharpness
 
@@ -20,7 +21,7 @@ f64 = np.float64
 
 INVERT, SOLARIZE_ADD, GRAYSCALE = code("Invert"), code("SolarizeAdd"), code("Grayscale")
 EQUALIZE, AUTOCONTRAST, BRIGHTNESS, CONTRAST = code("Equalize"), code("AutoContrast"), code("Brightness"), code("Contrast")
-COLOR, SHARPNESS, JITTER = code("Color"), code("Sharpness"), code("ColorJitter")
+COLOR, SHARPNESS, JITTER, BOX_BLUR = code("Color"), code("Sharpness"), code("ColorJitter"), code("BoxBlur")
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -77,6 +78,8 @@ def step(out: Any, img: Any, code: int, p: Any) -> None:
         sharpness(out, img, f32(p[FACTOR_AT]))
     elif code == JITTER:
         jitter(out, img, p)
+    elif code == BOX_BLUR:
+        gaussian_blur(out, img, int(p[BLUR_AT]), int(p[BLUR_AT + 1]), int(p[BLUR_AT + 2]))
     else:  # Identity
         out[:] = img
 
