@@ -5,9 +5,8 @@ Usage: ``.venv/bin/python benchmarks/fidelity_graph_color.py [--photos DIR] [--o
 minute or two).
 
 Fidelity: every operation of ``tests/test_graph_color.py`` over its images and argument table (extremes
-included), in both forms where the operation has two (``arguments``: the CPU's, an image statistic fed as an
-argument input and PIL's own arithmetic compiled where DALI has no exact operator; ``arithmetic``: the GPU's, DALI's
-operators). Cost: each operation alone on 32 crops of 224x224 (photos when ``--photos`` is given, else noise), CPU
+included), in both forms where the operation has two (``arguments``: the CPU's, PIL's own arithmetic compiled; ``arithmetic``:
+the GPU's, DALI's operators). Cost: each operation alone on 32 crops of 224x224 (photos when ``--photos`` is given, else noise), CPU
 milliseconds per image over all threads (so another process's load does not count), the graph's on DALI's CPU
 backend (2 threads, best of 3 runs of 3 batches) beside the library's own PIL function (one thread, best of 3). Hue:
 ColorJitter's hue part in both forms against torchvision's ``adjust_hue`` on the photos (the GPU's YIQ turn is the
@@ -139,9 +138,9 @@ def main() -> None:
         "Fidelity over the images and argument tables of `tests/test_graph_color.py`, uint8 levels over all values;",
         "cost: the operation alone on 32 crops of 224x224 " + ("photos" if a.photos else "noise")
         + ": CPU ms per image (all threads), the graph's on DALI's CPU backend (2 threads) and the library's own PIL",
-        "function (one thread), best of 3. Forms: `arguments` is the CPU graph's (an image statistic fed as an argument",
-        "input; PIL's own arithmetic, compiled, where DALI has no exact operator: Equalize, AutoContrast, the blends, the",
-        "jitter and its hue), `arithmetic` a GPU graph's (DALI's operators), here run on DALI's CPU backend.",
+        "function (one thread), best of 3. Forms: `arguments` is the CPU graph's (PIL's own arithmetic, compiled: every",
+        "operation but torchvision's GaussianBlur, which is DALI's on both), `arithmetic` a GPU graph's (DALI's operators),",
+        "here run on DALI's CPU backend.",
         "",
         "| library | op | form | max | mean abs | fraction > 1 level | graph CPU ms / image | PIL CPU ms / image |",
         "|---|---|---|---:|---:|---:|---:|---:|",

@@ -25,20 +25,21 @@ def _fixed(weight: float) -> int:
 @numba.njit(cache=True, nogil=True)
 def sharpness(out: Any, img: Any, alpha: Any) -> None:
     """``ImageEnhance.Sharpness(img).enhance(alpha)``: ``SMOOTH`` (``(1 1 1; 1 5 1; 1 1 1) / 13``) in fixed point
-    inside a 1-pixel border it leaves as it is, then blended with ``img`` at float32 ``alpha``."""
+    inside a 1-pixel border it leaves as it is, then blended with ``img`` at float32 ``alpha`` (where the smoothed
+    image is the image, the border and any image under 3 pixels a side, the blend gives the image)."""
     h, w, ch = img.shape
+    out[:] = img
+    if h < 3 or w < 3:
+        return
     edge = _fixed(f32(1.0) / f32(13.0))
     centre = _fixed(f32(5.0) / f32(13.0))
     half = 1 << (PRECISION_BITS - 1)
-    for y in range(h):
-        for x in range(w):
+    for y in range(1, h - 1):
+        above, row, below, dst = img[y - 1], img[y], img[y + 1], out[y]
+        for x in range(1, w - 1):
             for c in range(ch):
-                v = int(img[y, x, c])
-                s = v
-                if 0 < y < h - 1 and 0 < x < w - 1 and h >= 3 and w >= 3:
-                    ring = (int(img[y - 1, x - 1, c]) + int(img[y - 1, x, c]) + int(img[y - 1, x + 1, c])
-                            + int(img[y, x - 1, c]) + int(img[y, x + 1, c])
-                            + int(img[y + 1, x - 1, c]) + int(img[y + 1, x, c]) + int(img[y + 1, x + 1, c]))
-                    s = (half + edge * ring + centre * v) >> PRECISION_BITS
-                    s = 0 if s < 0 else (255 if s > 255 else s)
-                out[y, x, c] = blend(s, v, alpha)
+                v = int(row[x, c])
+                ring = (int(above[x - 1, c]) + int(above[x, c]) + int(above[x + 1, c]) + int(row[x - 1, c])
+                        + int(row[x + 1, c]) + int(below[x - 1, c]) + int(below[x, c]) + int(below[x + 1, c]))
+                s = (half + edge * ring + centre * v) >> PRECISION_BITS
+                dst[x, c] = blend(0 if s < 0 else (255 if s > 255 else s), v, alpha)
