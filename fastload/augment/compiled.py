@@ -55,7 +55,7 @@ def _build(entry: str) -> Any:
     from ..pipeline import import_dali
 
     if "fastload.augment.kernels.entry" not in sys.modules:
-        log.info("loading fastload's compiled CPU kernels (compiled the first time on a machine, about 15 s; cached after)")
+        log.info("loading fastload's compiled CPU kernels (compiled the first time on a machine, about 20 s; cached after)")
     try:
         from .kernels.entry import ENTRIES
     except ImportError as e:  # numba missing or broken: say which, and what needs it
