@@ -1,13 +1,15 @@
-"""The compiled step as a DALI CPU operator: PIL's arithmetic for every per-sample operation a CPU graph runs.
+"""The compiled step and finish as DALI CPU operators: PIL's arithmetic for every per-sample operation a CPU graph
+runs, and the normalisation and erasing after them.
 
 The kernels (:mod:`fastload.augment.kernels`) work on one uint8 HWC image and write an output of its shape; the
 step (``kernels.steps``) runs the one each sample's code names, so a round of a policy, whatever each sample drew,
-is one operator. Its C entry point (:mod:`fastload.augment.kernels.entry`) is compiled once and cached on disk.
-:func:`step` adds the DALI operator that calls it: DALI's ``numba_function`` (CPU), which runs it per sample in
-DALI's thread pool without the GIL, given the cached entry point's address, so building one compiles nothing
-(``numba_function`` itself would compile fresh wrappers in every process: seconds per operator). A round as
-DALI's conditional ``select`` over one branch per operation costs DALI's executor about 200 operators a round,
-most of a batch's time at batch 64, where the step is two.
+is one operator, and rounds in a row are one too (:func:`rounds`). The finish (:func:`finish`) normalises as
+``crop_mirror_normalize`` does and lays the erasing rectangles, in one pass. Their C entry points
+(:mod:`fastload.augment.kernels.entry`) are compiled once and cached on disk, and DALI's ``numba_function`` (CPU)
+runs them per sample in its thread pool without the GIL, given the cached entry points' addresses, so building an
+operator compiles nothing (``numba_function`` itself would compile fresh wrappers in every process: seconds per
+operator). A round as DALI's conditional ``select`` over one branch per operation cost DALI's executor about 200
+operators a round (measured: timm's RandAugment), each run every batch whether a sample took it or not.
 """
 
 from __future__ import annotations
