@@ -295,15 +295,21 @@ def _normalise_kw(spec: GraphSpec) -> dict:
 def _augmented(spec: GraphSpec, img: Any, inputs: Sequence[Any], device: str) -> Any:
     """The stage's operations on the uint8 HWC crops ``img``, normalised, then erased (its ``inputs`` as fed); on the
     CPU the last two in the stage's compiled finish."""
-    _, fn, _ = import_dali()
+    _, fn, types = import_dali()
     stage = spec.stage
     img = _channels(spec, stage.apply(img, inputs), device)
     kw = _normalise_kw(spec)
     if spec.channels == 3 and spec.out_dtype != "uint8" and stage.finishes_compiled(img):  # one compiled operator
         out = stage.finish(img, inputs, mean=kw["mean"], std=kw["std"], layout=kw["output_layout"])
         return out if spec.out_dtype == "float32" else fn.cast(out, dtype=kw["dtype"])
-    img = fn.crop_mirror_normalize(img, device=device, **kw)
     value = stage.erasing.value if stage.erasing is not None else ()
+    if spec.out_dtype == "float16" and stage.erasing is not None and stage.erasing.noise is not None:
+        # DALI's arithmetic takes no float16 operand (the noise is pasted by an addition): erased in float32, then
+        # cast, which is crop_mirror_normalize's own rounding of its float result
+        img = fn.crop_mirror_normalize(img, device=device, **{**kw, "dtype": types.FLOAT})
+        img = stage.erase(img, inputs, layout=kw["output_layout"], value=value, dtype=types.FLOAT)
+        return fn.cast(img, dtype=kw["dtype"])
+    img = fn.crop_mirror_normalize(img, device=device, **kw)
     return stage.erase(img, inputs, layout=kw["output_layout"], value=value, dtype=kw["dtype"])
 
 

@@ -116,11 +116,12 @@ ERASINGS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize(("channels_last", "dtype"), [(False, torch.float32), (True, torch.float32), (False, torch.float16)])
 @pytest.mark.parametrize("erasing", sorted(ERASINGS))
-def test_a_loaders_compiled_finish_is_its_gpu_form(erasing, channels_last, make_folder):
+def test_a_loaders_compiled_finish_is_its_gpu_form(erasing, channels_last, dtype, make_folder):
     """A loader's CPU batches with erasing (one or three rectangles, noise or values), made by the compiled finish, are
-    bit for bit the ones the GPU's form (crop_mirror_normalize, then DALI's erasing) makes of the same draws."""
+    bit for bit the ones the GPU's form (crop_mirror_normalize, then DALI's erasing) makes of the same draws, in
+    float32 and in float16 (the finish's float32 cast)."""
     root = make_folder(classes=2, per_class=3, size=(72, 56))
     tf = T.Compose([T.RandomResizedCrop(40), T.RandomHorizontalFlip(), T.ToTensor(),
                     T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), ERASINGS[erasing]()])  # fmt: skip
@@ -128,14 +129,14 @@ def test_a_loaders_compiled_finish_is_its_gpu_form(erasing, channels_last, make_
     batches = []
     for form in ("arguments", "arithmetic"):
         with statistics_form(form), fastload.FastLoader(ds, 6, shuffle=True, seed=3, device="cpu", progress=False,
-                                                         channels_last=channels_last) as ld:  # fmt: skip
+                                                         channels_last=channels_last, dtype=dtype) as ld:  # fmt: skip
             x, _ = next(iter(ld))
             names = [type(o).__name__ + str(o._spec) for o in ld._core.augment_pipe._ops] if ld._core.augment_pipe else []
         batches.append((x, names))
     (ours, ours_ops), (theirs, their_ops) = batches
     assert any("finish" in n or "Numba" in n for n in ours_ops) and not any("CropMirrorNormalize" in n for n in ours_ops)
     assert any("CropMirrorNormalize" in n for n in their_ops)
-    assert ours.dtype == torch.float32 and torch.equal(ours, theirs)
+    assert ours.dtype == dtype and torch.equal(ours, theirs)
 
 
 def _tv(name: str, args: tuple, interp: str, pil: Image.Image) -> Image.Image:
