@@ -249,14 +249,9 @@ def _invert(img: Any, p: Any) -> Any:
     return _u8(255) - img
 
 
-def _compiled(img: Any) -> bool:
-    """Whether ``img``'s graph takes PIL's arithmetic compiled (the CPU's form): the compiled step."""
-    return _form(img) == "arguments" and getattr(img, "device", "cpu") == "cpu"
-
-
 def takes_compiled(img: Any) -> bool:
-    """Whether a graph of ``img`` runs PIL's arithmetic compiled (the CPU's form), public for the stage's finish."""
-    return _compiled(img)
+    """Whether ``img``'s graph takes PIL's arithmetic compiled (the CPU's form): the compiled step and finish."""
+    return _form(img) == "arguments" and getattr(img, "device", "cpu") == "cpu"
 
 
 def hue_shift(hue_factor: float) -> int:
@@ -392,11 +387,11 @@ def _timm_op(name: str) -> _Made | None:
 
 def _roads(dali_graph: Callable[[Any, Any], Any], code_name: str | None) -> tuple[Callable[[Any, Any], Any], Callable[[Any], int | None]]:
     """An operation's graph and code: the compiled step where the graph takes PIL's arithmetic compiled
-    (:func:`_compiled`) and the operation has a code, DALI's operators elsewhere."""
+    (:func:`takes_compiled`) and the operation has a code, DALI's operators elsewhere."""
     number = None if code_name is None else layout.code(code_name)
 
     def code(img: Any) -> int | None:
-        return number if number is not None and _compiled(img) else None
+        return number if number is not None and takes_compiled(img) else None
 
     def graph(img: Any, p: Any) -> Any:
         c = code(img)
