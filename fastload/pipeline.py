@@ -303,14 +303,13 @@ def _augmented(spec: GraphSpec, img: Any, inputs: Sequence[Any], device: str) ->
         out = stage.finish(img, inputs, mean=kw["mean"], std=kw["std"], layout=kw["output_layout"])
         return out if spec.out_dtype == "float32" else fn.cast(out, dtype=kw["dtype"])
     value = stage.erasing.value if stage.erasing is not None else ()
-    if spec.out_dtype == "float16" and stage.erasing is not None and stage.erasing.noise is not None:
-        # DALI's arithmetic takes no float16 operand (the noise is pasted by an addition): erased in float32, then
-        # cast, which is crop_mirror_normalize's own rounding of its float result
-        img = fn.crop_mirror_normalize(img, device=device, **{**kw, "dtype": types.FLOAT})
-        img = stage.erase(img, inputs, layout=kw["output_layout"], value=value, dtype=types.FLOAT)
-        return fn.cast(img, dtype=kw["dtype"])
-    img = fn.crop_mirror_normalize(img, device=device, **kw)
-    return stage.erase(img, inputs, layout=kw["output_layout"], value=value, dtype=kw["dtype"])
+    # DALI's arithmetic takes no float16 operand (noise is pasted by an addition): then erased in float32 and cast,
+    # which is crop_mirror_normalize's own rounding of its float result
+    noisy16 = spec.out_dtype == "float16" and stage.erasing is not None and stage.erasing.noise is not None
+    work = types.FLOAT if noisy16 else kw["dtype"]
+    img = fn.crop_mirror_normalize(img, device=device, **{**kw, "dtype": work})
+    img = stage.erase(img, inputs, layout=kw["output_layout"], value=value, dtype=work)
+    return fn.cast(img, dtype=kw["dtype"]) if noisy16 else img
 
 
 def _channels(spec: GraphSpec, img: Any, device: str) -> Any:
